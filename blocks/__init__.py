@@ -1,0 +1,1 @@
+"""Prefect blocks: credentials and settings that never travel as flow parameters."""

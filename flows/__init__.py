@@ -1,0 +1,1 @@
+"""Prefect flows: compress-model and the flows built around it."""

@@ -1,0 +1,145 @@
+"""The compress-model flow's parameters, grouped like llm-compressor's argument groups.
+
+These models are the Prefect UI form, the validation and the reference docs at once: every field
+carries its help text, and names follow the seed system's `LLMCompressorTask` (`model_id`,
+`recipe_args`, `dataset_name`, `text_samples`, `max_seq_len`, `tags`, ...) where the meaning is
+the same. They hold no secrets: hub tokens and ClearML keys come from blocks or the environment.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# `module:function`, never serialized source: loaders are imported, not executed from text.
+IMPORT_PATH_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+
+
+class _Args(BaseModel):
+    # Unknown keys are typos in a deployment's parameters: refuse them instead of ignoring them.
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelArgs(_Args):
+    model_id: str = Field(
+        min_length=1,
+        description="Hugging Face model id (e.g. meta-llama/Llama-3.2-1B-Instruct), a local "
+        "folder, or a ClearML model id when clearml_model is true.",
+    )
+    clearml_model: bool = Field(
+        default=False, description="model_id is a ClearML model id, fetched with the ClearML SDK."
+    )
+    revision: str | None = Field(
+        default=None,
+        description="Hub branch, tag or commit to fetch. The resolved commit sha is recorded "
+        "either way; pin a sha for reproducible runs.",
+    )
+    trust_remote_code: bool = Field(
+        default=False,
+        description="Run the model repository's own Python code. Off unless you trust the repo.",
+    )
+    model_class: str = Field(
+        default="AutoModelForCausalLM",
+        pattern=r"^[A-Za-z_]\w*$",
+        description="transformers class used to load the model.",
+    )
+
+
+class DatasetArgs(_Args):
+    dataset_name: str = Field(
+        default="python_docs",
+        min_length=1,
+        description="A registered shortcut (see tasks.datasets_registry), a hub dataset id, or a "
+        "local .txt/.jsonl/.json/.parquet file.",
+    )
+    dataset_config_name: str | None = Field(
+        default=None, description="Hub dataset configuration (subset) name."
+    )
+    split: str | None = Field(
+        default=None, description="Split to sample from; a shortcut's default when empty."
+    )
+    text_column: str | None = Field(
+        default=None,
+        description="Column holding the text or the chat messages; a shortcut's default, else "
+        "'text' or 'messages' when present.",
+    )
+    text_samples: int = Field(
+        default=256, ge=0, description="Number of calibration samples (0 for data-free recipes)."
+    )
+    vision_samples: int = Field(
+        default=0, ge=0, description="Number of image samples; needs a model with a processor."
+    )
+    max_seq_len: int = Field(default=2048, gt=0, description="Maximum tokens per sample.")
+    seed: int = Field(default=42, description="Seed for sampling rows: same seed, same samples.")
+    dataset_loader: str | None = Field(
+        default=None,
+        pattern=IMPORT_PATH_PATTERN,
+        description="`module:function` returning a datasets.Dataset, called with the DatasetArgs; "
+        "replaces the built-in loading.",
+    )
+    data_collator: str | None = Field(
+        default=None,
+        pattern=IMPORT_PATH_PATTERN,
+        description="`module:function` used as oneshot's data_collator.",
+    )
+
+
+RecipeForm = str | dict[str, Any] | list[dict[str, Any]]
+
+
+class RecipeArgs(_Args):
+    recipe: RecipeForm = Field(
+        default="W4A16",
+        description="A preset name (W4A16, W8A8, FP8_DYNAMIC), YAML text, a path to a YAML file, "
+        "a dict, or a list of modifier dicts.",
+    )
+    recipe_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Values for the recipe's $name placeholders; each is inserted as a YAML value "
+        "(numbers stay numbers, lists stay lists).",
+    )
+    pipeline: Literal["independent", "sequential", "basic", "datafree"] | None = Field(
+        default=None,
+        description="Calibration pipeline; llm-compressor picks one from the recipe when empty.",
+    )
+    sequential_targets: list[str] | None = Field(
+        default=None,
+        description="Module class names calibrated one at a time by the sequential pipeline "
+        "(default: the model's decoder layer).",
+    )
+    tracing_ignore: list[str] | None = Field(
+        default=None,
+        description="Function or module names the tracer skips; add the one a trace error names.",
+    )
+
+
+class OutputArgs(_Args):
+    save_directory: str | None = Field(
+        default=None,
+        description="Where the compressed model is published. Default: "
+        "$COMPRESSFLOW_OUTPUT_DIR (or ./outputs)/<model>-<scheme>.",
+    )
+    tags: list[str] = Field(default_factory=list, description="Tags for ClearML and the manifest.")
+    save_compressed: bool = Field(
+        default=True, description="Save in compressed-tensors format (what vLLM serves)."
+    )
+    overwrite: bool = Field(
+        default=False,
+        description="Replace a different model already published at save_directory.",
+    )
+
+
+class TrackingArgs(_Args):
+    enabled: bool = Field(default=True, description="Log the run to ClearML.")
+    clearml_block: str | None = Field(
+        default=None,
+        description="Name of a ClearMLSettings block. Without one (and without CLEARML_* "
+        "environment variables) ClearML runs in offline mode.",
+    )
+    project_name: str | None = Field(
+        default=None, description="ClearML project; the block's default project when empty."
+    )
+    task_name: str | None = Field(
+        default=None, description="ClearML task name; '<model> <scheme>' when empty."
+    )

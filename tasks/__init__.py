@@ -1,0 +1,1 @@
+"""The compress-model pipeline's stages, one Prefect task per module."""

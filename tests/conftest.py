@@ -1,0 +1,51 @@
+"""One set-up for the whole test session: isolated homes, one tiny model, one Prefect harness.
+
+Everything the tests write goes under one temporary folder, so persisted Prefect results, ClearML
+offline sessions and compressflow caches never leak between sessions (stale results give false
+cache hits). Nothing reaches a hub: HF_HUB_OFFLINE is set and the model is built locally.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_ROOT = Path(tempfile.mkdtemp(prefix="compressflow-tests-"))
+os.environ.update(
+    PREFECT_HOME=str(_ROOT / "prefect"),
+    PREFECT_SERVER_ANALYTICS_ENABLED="false",
+    PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120",
+    PREFECT_LOGGING_TO_API_ENABLED="false",
+    CLEARML_OFFLINE_MODE="1",
+    CLEARML_CACHE_DIR=str(_ROOT / "clearml"),
+    COMPRESSFLOW_CACHE_DIR=str(_ROOT / "cache"),
+    COMPRESSFLOW_OUTPUT_DIR=str(_ROOT / "outputs"),
+    HF_HOME=str(_ROOT / "hf"),
+    HF_HUB_OFFLINE="1",
+    TOKENIZERS_PARALLELISM="false",
+)
+
+
+@pytest.fixture(scope="session")
+def test_root() -> Path:
+    return _ROOT
+
+
+@pytest.fixture(scope="session")
+def tiny_model(test_root) -> Path:
+    """A 2-layer, 256-wide random Llama with a trained tokenizer; built once per session."""
+    from demo.assets import build_tiny_llama
+
+    return build_tiny_llama(test_root / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """One Prefect test server for the session (it takes ~11 s to start)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
