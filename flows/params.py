@@ -44,6 +44,11 @@ class ModelArgs(_Args):
         pattern=r"^[A-Za-z_]\w*$",
         description="transformers class used to load the model.",
     )
+    hub_token_block: str | None = Field(
+        default=None,
+        description="Name of a Prefect Secret block holding a Hugging Face token (the name, never "
+        "the token). Without it, HF_TOKEN from the worker's environment is used.",
+    )
 
 
 class DatasetArgs(_Args):

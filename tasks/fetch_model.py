@@ -1,10 +1,35 @@
-"""Fetch model: resolves `model_id` to a local folder and records an immutable identity."""
+"""Fetch model: resolves `model_id` to a local folder and records an immutable identity.
+
+Three sources: a local folder (identity: a content hash of its files), the Hugging Face hub (a
+snapshot at a revision; identity: the resolved commit sha; honours the local cache and
+HF_HUB_OFFLINE) and the ClearML model registry (identity: the ClearML model id and content hash).
+The hub token comes from a Prefect Secret block or HF_TOKEN, never from a flow parameter.
+
+Cheap checks that would otherwise fail after minutes of loading run here, on config.json alone:
+a model that needs `trust_remote_code`, or one that is already quantized.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
 from typing import Literal
 
+from prefect import task
+from prefect.logging import get_run_logger
 from pydantic import BaseModel, Field
+
+from flows.params import ModelArgs
+from tasks import tracking
+from tasks.caching import CACHE_EXPIRATION, LocalSourceAware
+from tasks.errors import ModelFetchError
+
+# Weight formats we never calibrate from; skipping them halves downloads of repos that ship both
+# safetensors and consolidated checkpoints (e.g. Llama's original/ folder).
+HUB_IGNORE_PATTERNS = ["original/*", "*.pth", "*.gguf", "*.msgpack", "*.h5", "*.onnx", "*.ot"]
 
 
 class FetchedModel(BaseModel):
@@ -21,3 +46,232 @@ class FetchedModel(BaseModel):
     size_bytes: int
     trust_remote_code: bool = False
     model_class: str = "AutoModelForCausalLM"
+
+    def exists(self) -> bool:
+        return Path(self.path, "config.json").exists()
+
+
+def folder_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def content_hash(path: Path) -> str:
+    """sha256 over every file's relative path and content: the identity of a local folder."""
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(str(file.relative_to(path)).encode() + b"\0")
+        with file.open("rb") as handle:
+            digest.update(hashlib.file_digest(handle, "sha256").digest())
+    return digest.hexdigest()
+
+
+def check_config(path: Path, args: ModelArgs) -> None:
+    """Refuse, from config.json alone, models that would fail only after their weights load."""
+    config_file = path / "config.json"
+    if not config_file.exists():
+        raise ModelFetchError(
+            "model.model_id",
+            f"{path} has no config.json, so it is not a transformers model folder",
+            "point model_id at the folder that holds config.json and the weights",
+        )
+    config = json.loads(config_file.read_text())
+    if config.get("auto_map") and not args.trust_remote_code:
+        raise ModelFetchError(
+            "model.trust_remote_code",
+            f"{args.model_id} defines its architecture in its own code (auto_map: "
+            f"{sorted(config['auto_map'])})",
+            "set trust_remote_code: true if you trust this repository's code",
+        )
+    quantization = config.get("quantization_config") or config.get("compression_config")
+    if quantization:
+        method = quantization.get("quant_method") or quantization.get("format") or "unknown"
+        raise ModelFetchError(
+            "model.model_id",
+            f"{args.model_id} is already quantized ({method}); compressing it again would stack "
+            "errors or fail to load",
+            "start from the unquantized base model",
+        )
+
+
+def hub_token(block_name: str | None) -> str | None:
+    """The hub token from a Secret block, else HF_TOKEN (huggingface_hub reads it itself)."""
+    if block_name is None:
+        return None
+    from prefect.blocks.system import Secret
+
+    try:
+        return Secret.load(block_name).get()
+    except ValueError as exc:
+        raise ModelFetchError(
+            "model.hub_token_block",
+            f"no Secret block named {block_name!r} ({exc})",
+            f"create it: Secret(value='hf_...').save({block_name!r}), or run `make blocks`",
+        ) from exc
+
+
+def fetch_from_hub(args: ModelArgs) -> tuple[Path, str]:
+    """Snapshot download at `args.revision`; returns the folder and the resolved commit sha."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    revision = args.revision or "main"
+    try:
+        folder = snapshot_download(
+            args.model_id,
+            revision=revision,
+            token=hub_token(args.hub_token_block),
+            ignore_patterns=HUB_IGNORE_PATTERNS,
+        )
+    except GatedRepoError as exc:
+        raise ModelFetchError(
+            "model.model_id",
+            f"{args.model_id} is gated and the token has no access",
+            "accept the licence on the hub and provide a token (hub_token_block or HF_TOKEN)",
+        ) from exc
+    except RepositoryNotFoundError as exc:
+        raise ModelFetchError(
+            "model.model_id",
+            f"no hub repository {args.model_id!r} (or it is private)",
+            "check the id's spelling, or provide a token that can read it",
+        ) from exc
+    except RevisionNotFoundError as exc:
+        raise ModelFetchError(
+            "model.revision",
+            f"{args.model_id} has no revision {revision!r}",
+            "use an existing branch, tag or commit sha",
+        ) from exc
+    except LocalEntryNotFoundError as exc:
+        raise ModelFetchError(
+            "model.model_id",
+            f"{args.model_id}@{revision} is not in the local hub cache and the hub cannot be "
+            "reached (offline: HF_HUB_OFFLINE is set or there is no network)",
+            "download it once on a connected machine into HF_HOME, or pass a local folder",
+        ) from exc
+    # The snapshot folder is named after the commit it holds, whichever name was asked for.
+    return Path(folder), Path(folder).name
+
+
+def fetch_from_clearml(args: ModelArgs) -> Path:
+    from clearml import InputModel
+
+    try:
+        folder = InputModel(model_id=args.model_id).get_local_copy()
+    except ValueError as exc:
+        raise ModelFetchError(
+            "model.model_id",
+            f"ClearML has no model {args.model_id!r} ({exc})",
+            "copy the id from the ClearML model page, or set clearml_model: false for hub ids",
+        ) from exc
+    if not folder:
+        raise ModelFetchError(
+            "model.model_id",
+            f"ClearML model {args.model_id!r} has no downloadable weights (offline mode cannot "
+            "fetch registry models)",
+            "configure a ClearML server (see README) or pass the model's local folder",
+        )
+    return Path(folder)
+
+
+def is_transient(task, task_run, state) -> bool:
+    """Retry network hiccups, never mistakes: a wrong id fails the same way every time."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    exc = state.result(raise_on_failure=False)
+    if isinstance(exc, ModelFetchError):
+        return False
+    if isinstance(exc, HfHubHTTPError):
+        response = getattr(exc, "response", None)
+        return response is None or response.status_code >= 500 or response.status_code == 429
+    return isinstance(exc, (ConnectionError, TimeoutError, OSError))
+
+
+def fetch(args: ModelArgs) -> FetchedModel:
+    """Resolve `args` to a local folder; the logic behind the `fetch model` task."""
+    revision_resolved = None
+    if args.clearml_model:
+        source, path = "clearml", fetch_from_clearml(args)
+    elif Path(args.model_id).expanduser().exists():
+        source, path = "local", Path(args.model_id).expanduser().resolve()
+    elif args.model_id.startswith((".", "/", "~")) or os.sep * 2 in args.model_id:
+        raise ModelFetchError(
+            "model.model_id",
+            f"local folder {args.model_id} does not exist",
+            "fix the path (relative paths are resolved from the worker's working directory)",
+        )
+    else:
+        source = "hub"
+        path, revision_resolved = fetch_from_hub(args)
+    check_config(path, args)
+    if source == "hub":
+        identity = f"hub:{args.model_id}@{revision_resolved}"
+    elif source == "clearml":
+        identity = f"clearml:{args.model_id}:{content_hash(path)}"
+    else:
+        identity = f"sha256:{content_hash(path)}"
+    return FetchedModel(
+        path=str(path),
+        source=source,
+        model_id=args.model_id,
+        revision_requested=args.revision,
+        revision_resolved=revision_resolved,
+        identity=identity,
+        size_bytes=folder_size(path),
+        trust_remote_code=args.trust_remote_code,
+        model_class=args.model_class,
+    )
+
+
+def parameter_count(path: Path) -> int | None:
+    """Parameters counted from safetensors headers (no weights read); None for other formats."""
+    from safetensors import safe_open
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            total += sum(math.prod(handle.get_slice(name).get_shape()) for name in handle.keys())
+    return total
+
+
+@task(
+    name="fetch model",
+    cache_policy=LocalSourceAware(),
+    cache_expiration=CACHE_EXPIRATION,
+    persist_result=True,
+    retries=3,
+    retry_delay_seconds=[5, 20, 60],
+    retry_condition_fn=is_transient,
+)
+def fetch_model(args: ModelArgs) -> FetchedModel:
+    """Fetch the model named by `args` and record its identity, size and parameter count."""
+    fetched = fetch(args)
+    params = parameter_count(Path(fetched.path))
+    get_run_logger().info(
+        "Fetched %s from %s: %s, %.1f MB, %s parameters",
+        args.model_id,
+        fetched.source,
+        fetched.identity,
+        fetched.size_bytes / 1e6,
+        f"{params:,}" if params is not None else "unknown",
+    )
+    tracking.current().params(
+        "model",
+        {
+            "model_id": args.model_id,
+            "source": fetched.source,
+            "revision_requested": args.revision or "",
+            "revision_resolved": fetched.revision_resolved or "",
+            "identity": fetched.identity,
+            "size_bytes": fetched.size_bytes,
+            "parameters": params or 0,
+            "model_class": args.model_class,
+        },
+    )
+    return fetched

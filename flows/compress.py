@@ -1,0 +1,98 @@
+"""The compress-model flow: model + calibration data + recipe -> a vLLM-ready checkpoint.
+
+Cheap checks run first (the recipe renders before anything is downloaded; the output folder is
+checked before calibration), so mistakes fail in seconds. A run whose inputs match an output
+already published returns it without calibrating again.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+from prefect import flow, runtime
+from prefect.logging import get_run_logger
+
+from flows.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs, TrackingArgs
+from flows.stages import Stages
+from tasks.tracking import open_run
+from tasks.build_dataset import build_dataset
+from tasks.calibrate import calibrate
+from tasks.check_traceability import check_traceability
+from tasks.fetch_model import fetch_model
+from tasks.publish import (
+    PublishedModel,
+    check_target,
+    find_published,
+    output_path,
+    publish,
+    remove_stale_staging,
+    run_key,
+    staging_path,
+)
+from tasks.render_recipe import render_recipe
+
+
+def default_task_name(model: ModelArgs, recipe: RecipeArgs) -> str:
+    preset = recipe.recipe if isinstance(recipe.recipe, str) and "\n" not in recipe.recipe else "custom"
+    return f"{model.model_id.rstrip('/').rsplit('/', 1)[-1]} {preset}"
+
+
+@flow(name="compress-model", log_prints=True)
+def compress(
+    model: ModelArgs,
+    dataset: DatasetArgs = DatasetArgs(),
+    recipe: RecipeArgs = RecipeArgs(),
+    output: OutputArgs = OutputArgs(),
+    tracking: TrackingArgs = TrackingArgs(),
+) -> PublishedModel:
+    """Compress `model` with `recipe`, calibrated on `dataset`, and publish it to `output`."""
+    log = get_run_logger()
+    inputs = {
+        "model": model.model_dump(),
+        "dataset": dataset.model_dump(),
+        "recipe": recipe.model_dump(),
+        "output": output.model_dump(),
+    }
+    run_tags = [*output.tags, f"prefect-flow-run:{runtime.flow_run.id}"]
+    with open_run(
+        project=tracking.project_name or "compressflow",
+        name=tracking.task_name or default_task_name(model, recipe),
+        tags=run_tags,
+        comment=f"Prefect flow run: {runtime.flow_run.ui_url}",
+        enabled=tracking.enabled,
+    ) as tracker:
+        stages = Stages()
+        rendered = stages.run(render_recipe, recipe)
+        fetched = stages.run(fetch_model, model)
+        built = stages.run(build_dataset, dataset, fetched, rendered.needs_data)
+
+        key = run_key(fetched, built, rendered, recipe, output)
+        target = output_path(output, fetched, rendered)
+        if existing := find_published(target, key):
+            log.info("Reusing %s: it was published from the same model, data and recipe", target)
+            return existing.model_copy(update={"stages": stages.records})
+        check_target(target, key, output.overwrite)
+        remove_stale_staging(target)
+
+        stages.run(check_traceability, fetched, rendered, built, recipe)
+        staging = staging_path(target)
+        try:
+            calibration = stages.run(
+                calibrate,
+                fetched,
+                built,
+                rendered,
+                recipe,
+                str(staging),
+                output.save_compressed,
+                dataset.data_collator,
+            )
+            published = stages.run(
+                publish, calibration, fetched, built, rendered, str(target), key, inputs, output,
+                stages.as_dicts(),
+            )  # fmt: skip
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)  # gone already when publishing succeeded
+        if tracker.failures:
+            log.warning("ClearML tracking failed during this run: %s", "; ".join(tracker.failures))
+        return published.model_copy(update={"stages": stages.records})

@@ -1,0 +1,86 @@
+"""Cache policy for the stages worth reusing across runs: model fetch and dataset build.
+
+Prefect's DEFAULT policy keys on the run id, so nothing is reused between runs. Keying on inputs
+alone is wrong the other way for local sources: a model folder or data file edited in place keeps
+its path. `LocalSourceAware` therefore keys on the inputs, the task's source and a cheap stat
+signature (path, size, mtime) of every local path found among the inputs. The stage itself then
+records a content identity (a hash), so a cache hit is still traceable in the manifest.
+
+Cached results point at folders on disk; the flow's stage runner refreshes an entry whose folder
+was deleted, so a cleaned cache never surfaces as a confusing error downstream.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from prefect.cache_policies import INPUTS, TASK_SOURCE, CachePolicy
+from prefect.context import TaskRunContext
+from pydantic import BaseModel
+
+# Unpinned hub revisions ("main") are re-resolved after this long; pinned ones never change.
+CACHE_EXPIRATION = timedelta(days=7)
+
+
+def _strings(value: Any):
+    """Every string inside plain data and pydantic models, which is where paths hide."""
+    if isinstance(value, BaseModel):
+        value = value.model_dump()
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings(item)
+
+
+def stat_signature(path: Path) -> str | None:
+    """Hash of (relative path, size, mtime) of every file under `path`; None if it isn't local.
+
+    Stat, not content: it must stay cheap on a 100 GB model folder, and any in-place edit
+    changes size or mtime.
+    """
+    if not path.exists():
+        return None
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    digest = hashlib.sha256()
+    for file in files:
+        stat = file.stat()
+        digest.update(f"{file.relative_to(path.parent)}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+@dataclass
+class LocalSourceAware(CachePolicy):
+    """INPUTS + TASK_SOURCE, plus the stat signature of local paths among the inputs."""
+
+    def compute_key(
+        self,
+        task_ctx: TaskRunContext,
+        inputs: dict[str, Any],
+        flow_parameters: dict[str, Any],
+        **kwargs: Any,
+    ) -> str | None:
+        base = (INPUTS + TASK_SOURCE).compute_key(task_ctx, inputs, flow_parameters, **kwargs)
+        if base is None:
+            return None
+        signatures = [
+            sig
+            for text in sorted(set(_strings(inputs)))
+            if "\n" not in text and len(text) < 4096
+            if (sig := stat_signature(Path(text).expanduser())) is not None
+        ]
+        return hashlib.sha256("\n".join([base, *signatures]).encode()).hexdigest()
+
+
+def cache_root() -> Path:
+    """Where compressflow keeps built datasets: $COMPRESSFLOW_CACHE_DIR or ~/.cache/compressflow."""
+    return Path(os.environ.get("COMPRESSFLOW_CACHE_DIR", "~/.cache/compressflow")).expanduser()
+
