@@ -1,0 +1,29 @@
+# Both targets create or refresh .venv themselves: a fresh clone needs nothing installed by hand.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+# Offline-friendly defaults: the temporary Prefect server takes ~20 s to start on 2 cores.
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
+export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: demo test clean
+
+# torch first, pinned: resolving a bare torch pulls the newest CUDA build (several GB).
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf .demo outputs

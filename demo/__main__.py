@@ -1,0 +1,58 @@
+"""`make demo`: compress a small local Llama with W4A16 on local text, fully offline.
+
+Builds the demo model under .demo/ if it is missing, runs the compress-model flow on Prefect's
+local backend with ClearML offline, and prints where the result is, its size against the
+original and the time each stage took. Pass a hub model id to compress that model instead:
+`python -m demo meta-llama/Llama-3.2-1B-Instruct` (needs network, and a token for gated models).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+DEMO_DIR = Path(".demo")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model_id", nargs="?", help="hub id or local folder (default: demo model)")
+    parser.add_argument("--recipe", default="W4A16", help="preset name or recipe file")
+    parser.add_argument("--samples", type=int, default=64, help="calibration samples")
+    parser.add_argument("--max-seq-len", type=int, default=256)
+    options = parser.parse_args()
+
+    started = time.perf_counter()
+    if options.model_id is None:
+        from demo.assets import build_tiny_llama
+
+        options.model_id = str(build_tiny_llama(DEMO_DIR / "tiny-llama").resolve())
+    os.environ.setdefault("COMPRESSFLOW_OUTPUT_DIR", str((DEMO_DIR / "outputs").resolve()))
+
+    from flows.compress import compress
+    from flows.params import DatasetArgs, ModelArgs, RecipeArgs
+
+    published = compress(
+        model=ModelArgs(model_id=options.model_id),
+        dataset=DatasetArgs(
+            dataset_name="python_docs", text_samples=options.samples, max_seq_len=options.max_seq_len
+        ),
+        recipe=RecipeArgs(recipe=options.recipe),
+    )
+    print()
+    print(f"Compressed model: {published.path}")
+    print(
+        f"Size: {published.size_bytes / 1e6:.2f} MB, original {published.original_size_bytes / 1e6:.2f} MB "
+        f"({published.compression_ratio:.2f}x smaller)"
+        + ("  [reused: same model, data and recipe as an earlier run]" if published.reused else "")
+    )
+    print("Stage times:")
+    for stage in published.stages:
+        print(f"  {stage.name:<20} {stage.seconds:8.2f} s{'  (cached)' if stage.cached else ''}")
+    print(f"Total, with start-up: {time.perf_counter() - started:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
