@@ -111,7 +111,7 @@ def hub_token(block_name: str | None) -> str | None:
 
 def fetch_from_hub(args: ModelArgs) -> tuple[Path, str]:
     """Snapshot download at `args.revision`; returns the folder and the resolved commit sha."""
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
         LocalEntryNotFoundError,
@@ -126,6 +126,8 @@ def fetch_from_hub(args: ModelArgs) -> tuple[Path, str]:
             revision=revision,
             token=hub_token(args.hub_token_block),
             ignore_patterns=HUB_IGNORE_PATTERNS,
+            # Offline, a commit-sha revision would still try the network: look in the cache.
+            local_files_only=constants.is_offline_mode(),
         )
     except GatedRepoError as exc:
         raise ModelFetchError(
