@@ -1,8 +1,34 @@
-"""Check traceability: traces the model on the meta device before any weights are loaded."""
+"""Check traceability: traces the model on the meta device before any weights are loaded.
+
+The sequential pipeline partitions the model with torch.fx before calibrating, and a model that
+does not trace fails there, after the weights are loaded and the data is tokenized. This stage runs
+the same trace up front, on a model built from its config alone (accelerate `init_empty_weights`),
+with one real calibration sample, using llm-compressor's own target inference and default ignore
+list. It takes seconds and well under a gigabyte even for 405B-sized configs (see
+`benchmarks/trace_configs.py`), and turns a trace failure into a `TraceabilityError` that names the
+failing code and the recipe settings that get around it.
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+import logging
+import resource
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from pydantic import BaseModel, Field
+
+from flows.params import RecipeArgs
+from tasks import tracking
+from tasks.build_dataset import BuiltDataset
+from tasks.errors import TraceabilityError
+from tasks.fetch_model import FetchedModel
+from tasks.render_recipe import RenderedRecipe
+
+log = logging.getLogger(__name__)
 
 
 class TraceReport(BaseModel):
@@ -10,3 +36,222 @@ class TraceReport(BaseModel):
     subgraphs: int | None = None
     seconds: float = 0.0
     reason: str = ""
+    sequential_targets: list[str] = Field(
+        default_factory=list, description="Module class names the model was partitioned at."
+    )
+    tracing_ignore: list[str] = Field(
+        default_factory=list, description="Function names the tracer skipped."
+    )
+    peak_rss_mb: float | None = Field(
+        default=None,
+        description="Process peak resident memory after tracing (getrusage ru_maxrss). It "
+        "includes the imports and anything the process did before; it is per config only in a "
+        "fresh process, which is how the benchmark measures it.",
+    )
+    rss_growth_mb: float | None = Field(
+        default=None,
+        description="How much tracing raised that peak: 0 when an earlier step peaked higher.",
+    )
+
+
+def _maxrss_mb() -> float:
+    # ru_maxrss is in kilobytes on Linux (the only platform this runs on).
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def default_tracing_ignore() -> list[str]:
+    """llm-compressor's default `tracing_ignore` (what `oneshot` uses when none is given)."""
+    from llmcompressor.args.dataset_arguments import DatasetArguments
+
+    return list(DatasetArguments().tracing_ignore)
+
+
+def _failure_site(exc: BaseException) -> str:
+    """'function (file:line): code' of the innermost frame outside torch and llm-compressor.
+
+    llm-compressor re-raises failures inside its recompiled forwards as a RuntimeError carrying
+    the whole source; the original exception (its __cause__) has the useful traceback.
+    """
+    import llmcompressor
+    import torch
+
+    root = exc.__cause__ or exc
+    internal = (str(Path(torch.__file__).parent), str(Path(llmcompressor.__file__).parent))
+    frames = traceback.extract_tb(root.__traceback__)
+    for frame in reversed(frames):
+        if not frame.filename.startswith(internal) and "contextlib" not in frame.filename:
+            code = (frame.line or "").strip()
+            return f"{frame.name} ({frame.filename}:{frame.lineno}){': ' + code if code else ''}"
+    return ""
+
+
+def _failure_message(exc: BaseException, targets: list[str], ignore: list[str]) -> str:
+    root = exc.__cause__ or exc
+    # The first line is the error; llm-compressor appends pages of recompiled source after it.
+    detail = str(root).strip().splitlines()[0] if str(root).strip() else ""
+    site = _failure_site(exc)
+    where = f" in {site}" if site else ""
+    function = site.split(" ", 1)[0] if site else ""
+    # A failing line in a forward itself: the function to skip is the one called on that line.
+    ignore_fix = (
+        f"add '{function}' to recipe.tracing_ignore"
+        if function and function != "forward"
+        else "add the function called on the failing line to recipe.tracing_ignore"
+    )
+    return (
+        f"The model does not trace for the sequential pipeline: {type(root).__name__}: {detail}"
+        f"{where}. Current recipe.sequential_targets={targets}, recipe.tracing_ignore={ignore}. "
+        f"Fix, in order of preference: {ignore_fix} (the tracer then treats it as an opaque "
+        "call); set recipe.sequential_targets to the model's decoder layer "
+        "class so less of the model is traced; or set recipe.pipeline to 'basic', which does "
+        "not trace (it calibrates the whole model at once, needing far more memory). "
+        "'independent' is no way out: it runs the sequential pipeline for each data modifier."
+    )
+
+
+def trace_config(
+    config,
+    sample_input: dict,
+    model_class: str = "AutoModelForCausalLM",
+    sequential_targets: list[str] | None = None,
+    tracing_ignore: list[str] | None = None,
+    trust_remote_code: bool = False,
+) -> TraceReport:
+    """Build `config`'s model with no weights and trace it as the sequential pipeline would.
+
+    `sample_input` holds tensors of shape [1, seq] (input_ids, attention_mask). Raises
+    `TraceabilityError` when the targets match nothing or the trace fails.
+    """
+    import transformers
+    from accelerate import init_empty_weights
+    from compressed_tensors.utils.match import match_named_modules
+    from llmcompressor.pipelines.sequential.helpers import trace_subgraphs
+    from llmcompressor.utils.pytorch.module import infer_sequential_targets
+
+    ignore = list(tracing_ignore) if tracing_ignore is not None else default_tracing_ignore()
+    rss_before = _maxrss_mb()
+    start = time.perf_counter()
+
+    cls = getattr(transformers, model_class, None)
+    if cls is None:
+        raise TraceabilityError(
+            f"model.model_class '{model_class}' is not a transformers class; use one such as "
+            "AutoModelForCausalLM"
+        )
+    with init_empty_weights():
+        if hasattr(cls, "from_config"):  # an Auto class: it resolves the concrete class
+            model = cls.from_config(config, trust_remote_code=trust_remote_code)
+        else:  # a concrete class (LlamaForCausalLM): the config already names its code
+            model = cls._from_config(config)
+
+    # Same inference as llm-compressor's sequential pipeline: default is _no_split_modules.
+    targets = infer_sequential_targets(model, sequential_targets)
+    targets = sorted(targets) if isinstance(targets, set) else list(targets)
+    if not any(True for _ in match_named_modules(model, targets)):
+        # llm-compressor accepts targets that match nothing and silently calibrates the whole
+        # model as one subgraph: the memory blow-up this pipeline exists to avoid.
+        layer_classes = sorted(
+            {type(m).__name__ for m in model.modules() if "Layer" in type(m).__name__}
+        )
+        raise TraceabilityError(
+            f"recipe.sequential_targets={targets} match no module of {type(model).__name__}. "
+            f"Fix: set recipe.sequential_targets to its decoder layer class (candidates: "
+            f"{layer_classes or 'none found'}), or leave it empty to use the model's default."
+        )
+
+    try:
+        subgraphs = trace_subgraphs(model, sample_input, targets, ignore)
+    except Exception as exc:  # any tracing failure (TraceError, TypeError...) is the user's to fix
+        raise TraceabilityError(_failure_message(exc, targets, ignore)) from exc
+
+    seconds = time.perf_counter() - start
+    peak = _maxrss_mb()
+    return TraceReport(
+        checked=True,
+        subgraphs=len(subgraphs),
+        seconds=round(seconds, 3),
+        reason=f"traced {type(model).__name__} into {len(subgraphs)} subgraphs",
+        sequential_targets=targets,
+        tracing_ignore=ignore,
+        peak_rss_mb=round(peak, 1),
+        rss_growth_mb=round(peak - rss_before, 1),
+    )
+
+
+def first_sample(dataset: BuiltDataset) -> dict[str, Any]:
+    """The dataset's first row as [1, seq] tensors, the shape the pipeline's dataloader yields."""
+    import torch
+    from datasets import load_from_disk
+
+    row = load_from_disk(dataset.path)[0]
+    return {k: torch.tensor([row[k]]) for k in ("input_ids", "attention_mask") if k in row}
+
+
+def _run_logger():
+    from prefect.exceptions import MissingContextError
+    from prefect.logging import get_run_logger
+
+    try:
+        return get_run_logger()
+    except MissingContextError:  # called outside a flow run (tests, scripts)
+        return log
+
+
+@task(name="check traceability")
+def check_traceability(
+    model: FetchedModel, recipe: RenderedRecipe, dataset: BuiltDataset | None, args: RecipeArgs
+) -> TraceReport:
+    """Trace the model as the sequential pipeline will, or say why no trace is needed."""
+    logger = _run_logger()
+    tracker = tracking.current()
+
+    # render_recipe resolves 'independent' to what it runs ('sequential' for data modifiers).
+    if recipe.pipeline != "sequential":
+        why = "data-free recipe" if not recipe.needs_data else f"the {recipe.pipeline} pipeline"
+        report = TraceReport(
+            checked=False, reason=f"skipped: {why} does not trace the model"
+        )
+        logger.info("Traceability check %s", report.reason)
+        tracker.params("traceability", {"checked": False, "reason": report.reason})
+        return report
+
+    if dataset is None:
+        raise TraceabilityError(
+            "the sequential pipeline needs calibration data and none was built. Fix: set "
+            "dataset.text_samples above 0, or use recipe.pipeline 'datafree' for a data-free recipe"
+        )
+
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    try:
+        report = trace_config(
+            config,
+            first_sample(dataset),
+            model_class=model.model_class,
+            sequential_targets=args.sequential_targets,
+            tracing_ignore=args.tracing_ignore,
+            trust_remote_code=model.trust_remote_code,
+        )
+    except TraceabilityError as exc:
+        logger.error("Traceability check failed: %s", exc)
+        tracker.params("traceability", {"checked": False, "error": str(exc)})
+        tracker.text(f"Traceability check failed: {exc}")
+        raise
+
+    logger.info(
+        "Traceability check: %s in %.2f s (peak RSS %.0f MB, +%.0f MB); targets=%s",
+        report.reason, report.seconds, report.peak_rss_mb, report.rss_growth_mb,
+        report.sequential_targets,
+    )  # fmt: skip
+    tracker.params(
+        "traceability",
+        {
+            "checked": True,
+            "subgraphs": report.subgraphs,
+            "seconds": report.seconds,
+            "peak_rss_mb": report.peak_rss_mb,
+            "sequential_targets": report.sequential_targets,
+        },
+    )
+    return report

@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that measure the pipeline stages against their targets."""
