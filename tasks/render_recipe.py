@@ -1,8 +1,45 @@
-"""Render recipe: turns any accepted recipe form into one validated llm-compressor recipe."""
+"""Render recipe: turns any accepted recipe form into one validated llm-compressor recipe.
+
+Accepted forms (`RecipeArgs.recipe`): a preset name from `tasks.recipe_presets` (any case), YAML
+text, a path to a .yaml/.yml file, a recipe dict (`<name>_stage: <group>_modifiers: {Modifier:
+kwargs}`), or a list of `{Modifier: kwargs}` dicts, which becomes one stage.
+
+Steps, each a plain function so they can be tested without Prefect:
+1. `load_recipe`: the form becomes parsed YAML data (YAML only through `yaml.safe_load`).
+2. `substitute`: `$name` / `${name}` placeholders in *values* take the `recipe_args` (dict keys are
+   never substituted). A value that is exactly one placeholder takes the argument with its type; a
+   placeholder inside a longer string is replaced by `str(value)`. Inserted values are not scanned
+   again. A `$` not followed by an identifier (the regex `re:.*lm_head$`) is left alone. Missing and
+   unused names are errors, so a typo can never leave a half-rendered recipe.
+3. `to_recipe_dict` and `migrate_legacy`: lists become one stage; forms llm-compressor 0.14 no
+   longer takes (a string `observer`, `run_type`) are rewritten, with a note for each.
+4. `validate`: llm-compressor's own parser (`Recipe.from_dict`) builds the modifiers; its errors
+   become `RecipeError`s that name the modifier, the field and the fix.
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+import copy
+import difflib
+import hashlib
+import logging
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+from prefect import task
+from prefect.exceptions import MissingContextError
+from prefect.logging import get_logger, get_run_logger
+from pydantic import BaseModel, Field, ValidationError
+
+from flows.params import RecipeArgs, RecipeForm
+from tasks import tracking
+from tasks.errors import RecipeError
+from tasks.recipe_presets import PRESETS, Preset
+
+if TYPE_CHECKING:
+    from llmcompressor.modifiers import Modifier
 
 
 class RenderedRecipe(BaseModel):
@@ -14,3 +51,457 @@ class RenderedRecipe(BaseModel):
     pipeline: str = Field(description="Effective calibration pipeline for the data modifiers.")
     needs_data: bool = Field(description="Whether any modifier needs calibration data.")
     notes: list[str] = Field(default_factory=list, description="Migrations applied, e.g. legacy observer.")
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Values the $placeholders took, preset defaults included.",
+    )
+
+
+RECIPE_FIELD = "recipe.recipe"
+ARGS_FIELD = "recipe.recipe_args"
+
+# `$name` or `${name}`; an identifier is matched whole, so `$damp` never eats `$dampening_frac`.
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+PLACEHOLDER = re.compile(rf"\$(?:\{{(?P<braced>{_IDENT})\}}|(?P<bare>{_IDENT}))")
+
+# The stage a list of modifiers goes into; the name llm-compressor gives its own single stage.
+LIST_STAGE, LIST_GROUP = "default_stage", "default_modifiers"
+# Observer arguments that conflict with an `observer` dict in llm-compressor 0.14.
+_SINGLE_OBSERVER_KEYS = ("weight_observer", "input_observer", "output_observer")
+# Pipelines llm-compressor runs as asked; the others are inferred from the modifiers.
+_EXPLICIT_PIPELINES = ("basic", "datafree")
+
+
+# ---------------------------------------------------------------- 1. load
+
+
+def find_preset(name: str) -> tuple[str, Preset] | None:
+    """The preset called `name` in any case, `-` or `_` alike (`fp8-dynamic` is FP8_DYNAMIC)."""
+    key = name.strip().upper().replace("-", "_")
+    return (key, PRESETS[key]) if key in PRESETS else None
+
+
+def _position(mark: yaml.Mark | None, prefix: str) -> str:
+    return f"{prefix} line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+
+
+def _parse_yaml(text: str, where: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or str(exc)
+        # The context says where the construct that failed began, e.g. an unclosed [.
+        context = getattr(exc, "context", None)
+        if context:
+            problem += f" ({context}{_position(getattr(exc, 'context_mark', None), ' from')})"
+        raise RecipeError(
+            RECIPE_FIELD,
+            f"{where} is not valid YAML{_position(getattr(exc, 'problem_mark', None), ' at')}: "
+            f"{problem}",
+            "correct the YAML there; quote values holding `{`, `[`, `:` or `#` "
+            '(inside [ ] write "${name}", not ${name})',
+        ) from exc
+
+
+def _not_a_recipe(text: str, parsed: Any) -> RecipeError:
+    short = text if len(text) <= 60 else text[:57] + "..."
+    close = difflib.get_close_matches(text.strip().upper(), PRESETS, n=3, cutoff=0.5)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    return RecipeError(
+        RECIPE_FIELD,
+        f"{short!r} is not a preset, a .yaml/.yml file, or YAML text describing a recipe "
+        f"(it parses to {type(parsed).__name__}, not a mapping or a list)",
+        f"{hint}use a preset ({', '.join(PRESETS)}), a path ending in .yaml/.yml, or recipe YAML",
+    )
+
+
+def load_recipe(recipe: RecipeForm) -> tuple[Any, str, str | None]:
+    """Parsed recipe data, its source label, and the name of the preset it came from (if one)."""
+    if isinstance(recipe, (dict, list)):
+        # Copied: substitution and migration must not change the caller's parameters.
+        return copy.deepcopy(recipe), type(recipe).__name__, None
+
+    preset = find_preset(recipe)
+    if preset:
+        name, found = preset
+        return _parse_yaml(found.template, f"preset {name}"), f"preset:{name}", name
+
+    single_line = "\n" not in recipe.strip()
+    path = Path(recipe.strip()).expanduser()
+    if single_line and path.suffix.lower() in (".yaml", ".yml"):
+        if not path.is_file():
+            raise RecipeError(
+                RECIPE_FIELD,
+                f"recipe file {recipe.strip()!r} does not exist (looked for {path.resolve()})",
+                f"check the path; a relative path starts from the working directory {Path.cwd()}",
+            )
+        data = _parse_yaml(path.read_text(encoding="utf-8"), f"recipe file {str(path)!r}")
+        if not isinstance(data, (dict, list)):
+            raise RecipeError(
+                RECIPE_FIELD,
+                f"recipe file {str(path)!r} holds a {type(data).__name__}, not a recipe mapping "
+                "or a list of modifiers",
+                "write the recipe as {quant_stage: {quant_modifiers: {GPTQModifier: {...}}}}",
+            )
+        return data, f"file:{recipe.strip()}", None
+
+    data = _parse_yaml(recipe, "the recipe text")
+    if not isinstance(data, (dict, list)):
+        raise _not_a_recipe(recipe, data)
+    return data, "yaml", None
+
+
+def effective_args(preset_name: str, recipe_args: dict[str, Any]) -> dict[str, Any]:
+    """A preset's defaults overridden by `recipe_args`; names the preset lacks are refused."""
+    preset = PRESETS[preset_name]
+    unknown = sorted(set(recipe_args) - set(preset.placeholders))
+    if unknown:
+        documented = "; ".join(
+            f"{n} (default {p.default!r}): {p.doc}" for n, p in preset.placeholders.items()
+        )
+        raise RecipeError(
+            ARGS_FIELD,
+            f"preset {preset_name} has no placeholder {', '.join(unknown)}; its placeholders are: "
+            f"{documented}",
+            f"remove {', '.join(unknown)} or use the names above; for other changes pass the "
+            f"preset's YAML (tasks.recipe_presets.PRESETS[{preset_name!r}].template) edited",
+        )
+    return {**preset.defaults(), **recipe_args}
+
+
+# ---------------------------------------------------------------- 2. substitute
+
+
+def _names_in(text: str) -> set[str]:
+    return {m["braced"] or m["bare"] for m in PLACEHOLDER.finditer(text)}
+
+
+def find_placeholders(node: Any) -> set[str]:
+    """Placeholder names used in the values of `node` (dict keys are not searched)."""
+    if isinstance(node, str):
+        return _names_in(node)
+    if isinstance(node, dict):
+        return set().union(*(find_placeholders(v) for v in node.values()))
+    if isinstance(node, list):
+        return set().union(*(find_placeholders(v) for v in node))
+    return set()
+
+
+def _fill(node: Any, values: dict[str, Any]) -> Any:
+    if isinstance(node, dict):
+        return {k: _fill(v, values) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_fill(v, values) for v in node]
+    if not isinstance(node, str):
+        return node
+    whole = PLACEHOLDER.fullmatch(node)
+    if whole:
+        # Copied so that one list used twice is two YAML values, not an alias of one object.
+        return copy.deepcopy(values[whole["braced"] or whole["bare"]])
+    return PLACEHOLDER.sub(lambda m: str(values[m["braced"] or m["bare"]]), node)
+
+
+def substitute(node: Any, values: dict[str, Any]) -> Any:
+    """`node` with every placeholder replaced; RecipeError naming all missing and unused names."""
+    used = find_placeholders(node)
+    missing, unused = sorted(used - set(values)), sorted(set(values) - used)
+    if missing or unused:
+        problems, fixes = [], []
+        if missing:
+            problems.append(f"placeholders without a value: {', '.join('$' + n for n in missing)}")
+            fixes.append(f"add {', '.join(missing)} to recipe_args")
+        if unused:
+            existing = ", ".join("$" + n for n in sorted(used)) or "none"
+            problems.append(
+                f"recipe_args that no placeholder uses: {', '.join(unused)} (the recipe's "
+                f"placeholders: {existing}; only values are substituted, never keys)"
+            )
+            typos = [
+                f"{n} -> {close[0]}"
+                for n in unused
+                if (close := difflib.get_close_matches(n, missing, n=1, cutoff=0.6))
+            ]
+            fixes.append(
+                f"remove {', '.join(unused)} from recipe_args"
+                + (f" or fix the spelling ({', '.join(typos)})" if typos else "")
+            )
+        raise RecipeError(ARGS_FIELD, "; ".join(problems), "; ".join(fixes))
+    return _fill(node, values)
+
+
+# ---------------------------------------------------------------- 3. shape and legacy forms
+
+
+def _list_to_stage(items: list[Any]) -> dict[str, Any]:
+    group: dict[str, Any] = {}
+    for index, item in enumerate(items):
+        if not isinstance(item, dict) or not item:
+            raise RecipeError(
+                RECIPE_FIELD,
+                f"list item {index} is {item!r}, not a mapping of modifier name to arguments",
+                'write each item as {"GPTQModifier": {"scheme": "W4A16", ...}}',
+            )
+        for name, kwargs in item.items():
+            if name in group:
+                raise RecipeError(
+                    RECIPE_FIELD,
+                    f"{name} appears twice in the list; one stage holds each modifier once",
+                    f"use a dict recipe with one `<name>_stage` per {name}",
+                )
+            group[name] = kwargs
+    return {LIST_STAGE: {LIST_GROUP: group}}
+
+
+def to_recipe_dict(data: Any) -> dict[str, Any]:
+    """The recipe as `{<name>_stage: {<group>_modifiers: {Modifier: kwargs}}}`.
+
+    llm-compressor's parser skips keys without those suffixes silently, so a misspelt group would
+    drop its modifiers: anything else is refused here.
+    """
+    recipe = _list_to_stage(data) if isinstance(data, list) else data
+    shape = "recipe dicts look like {quant_stage: {quant_modifiers: {GPTQModifier: {...}}}}"
+    for stage_key, stage in recipe.items():
+        if not str(stage_key).endswith("_stage") or not isinstance(stage, dict):
+            raise RecipeError(
+                RECIPE_FIELD,
+                f"top-level key {stage_key!r} is not a `<name>_stage` mapping",
+                f"{shape}; a list of {{Modifier: kwargs}} dicts is also accepted",
+            )
+        for group_key, group in stage.items():
+            if group_key == "run_type":
+                continue  # legacy, dropped by migrate_legacy
+            if not str(group_key).endswith("_modifiers") or not isinstance(group, dict):
+                raise RecipeError(
+                    RECIPE_FIELD,
+                    f"{stage_key}.{group_key} is not a `<name>_modifiers` mapping",
+                    shape,
+                )
+            for name, kwargs in group.items():
+                if not isinstance(kwargs, dict):
+                    raise RecipeError(
+                        RECIPE_FIELD,
+                        f"{stage_key}.{group_key}.{name} holds {kwargs!r}, "
+                        "not a mapping of arguments",
+                        f"give {name} its arguments as a mapping (`{{}}` for none)",
+                    )
+    if not any(_iter_modifiers(recipe)):
+        raise RecipeError(RECIPE_FIELD, "the recipe holds no modifiers", shape)
+    return recipe
+
+
+def _iter_modifiers(recipe: dict[str, Any]):
+    """(location, modifier name, kwargs) for each modifier, in recipe order."""
+    for stage_key, stage in recipe.items():
+        for group_key, group in stage.items():
+            if group_key.endswith("_modifiers"):
+                for name, kwargs in group.items():
+                    yield f"{stage_key}.{group_key}", name, kwargs
+
+
+def migrate_legacy(recipe: dict[str, Any]) -> list[str]:
+    """Rewrite, in place, forms older llm-compressor took and 0.14 refuses; one note per change."""
+    notes = []
+    for stage_key, stage in recipe.items():
+        if "run_type" in stage:
+            run_type = stage.pop("run_type")
+            notes.append(f"{stage_key}: removed run_type {run_type!r} (0.14 has no run types)")
+    for where, name, kwargs in _iter_modifiers(recipe):
+        observer = kwargs.get("observer")
+        if not isinstance(observer, str):
+            continue
+        both = [k for k in _SINGLE_OBSERVER_KEYS if kwargs.get(k) is not None]
+        if both:
+            raise RecipeError(
+                RECIPE_FIELD,
+                f"{name} ({where}) sets observer {observer!r} and {', '.join(both)}; "
+                "llm-compressor 0.14 refuses both forms together",
+                f"keep only {', '.join(both)}, or write observer: {{weights: {observer}}} alone",
+            )
+        # 0.14 takes `observer` only as {weights|input|output: name}; a bare name meant weights.
+        kwargs["observer"] = {"weights": observer}
+        notes.append(
+            f"{name} ({where}): legacy observer: {observer} rewritten to "
+            f"observer: {{weights: {observer}}} (llm-compressor 0.14 takes a dict)"
+        )
+    return notes
+
+
+# ---------------------------------------------------------------- 4. validate
+
+
+def _modifier_classes() -> dict[str, type]:
+    """Modifier name -> class, as llm-compressor's recipe parser looks them up."""
+    from llmcompressor.modifiers import ModifierFactory
+
+    # The same lazy load Recipe.from_dict does; the registries are the factory's only listing.
+    if not ModifierFactory._loaded:
+        ModifierFactory.refresh()
+    classes = {
+        **ModifierFactory._main_registry,
+        **ModifierFactory._experimental_registry,
+        **ModifierFactory._registered_registry,
+    }
+    classes.pop("Modifier", None)  # the abstract base class is registered too
+    return classes
+
+
+def _closest(word: str, choices: list[str], cutoff: float = 0.5) -> str:
+    close = difflib.get_close_matches(word, choices, n=3, cutoff=cutoff)
+    return f"did you mean {' or '.join(close)}? " if close else ""
+
+
+def _fix_for(modifier_cls: type, error: dict[str, Any]) -> str:
+    from compressed_tensors.quantization.quant_scheme import PRESET_SCHEMES
+
+    if not error["loc"]:  # a check across several arguments
+        return f"change {modifier_cls.__name__}'s arguments as the message says"
+    field = str(error["loc"][0])
+    if error["type"] == "extra_forbidden":
+        fields = [f for f in modifier_cls.model_fields if not f.endswith("_")]
+        name = modifier_cls.__name__
+        return f"{_closest(field, fields)}remove `{field}` or use a field {name} has"
+    if field == "scheme":
+        given = error.get("input")
+        hint = _closest(given.upper(), list(PRESET_SCHEMES)) if isinstance(given, str) else ""
+        return f"{hint}use a preset scheme: {', '.join(PRESET_SCHEMES)}"
+    if field == "observer":
+        return "write observer as {weights: mse} (keys: weights, input, output)"
+    return f"give `{field}` a valid value (see {modifier_cls.__name__}'s docstring)"
+
+
+def _validation_error(exc: ValidationError, recipe: dict[str, Any]) -> RecipeError:
+    registry = _modifier_classes()
+    name, messages = exc.title, [e["msg"].removeprefix("Value error, ") for e in exc.errors()]
+    if name not in registry:  # a check on the whole recipe, e.g. AWQ without a quantizer after it
+        return RecipeError(
+            RECIPE_FIELD,
+            f"llm-compressor rejects the recipe: {'; '.join(messages)}",
+            "change the recipe as the message says",
+        )
+    where = " or ".join(w for w, n, _ in _iter_modifiers(recipe) if n == name)
+    details = [
+        f"`{'.'.join(map(str, e['loc'])) or 'arguments'}`: {msg} (got {e.get('input')!r})"
+        for e, msg in zip(exc.errors(), messages)
+    ]
+    fixes = dict.fromkeys(_fix_for(registry[name], e) for e in exc.errors())
+    return RecipeError(
+        RECIPE_FIELD,
+        f"llm-compressor rejects {name} in {where}: {'; '.join(details)}",
+        "; ".join(fixes),
+    )
+
+
+def validate(recipe: dict[str, Any]) -> list[Modifier]:
+    """The modifiers llm-compressor's parser builds; it may change `recipe`, so pass a copy."""
+    # Imported here: llm-compressor takes seconds to import, and listing presets must not pay that.
+    from llmcompressor.recipe import Recipe
+
+    known = sorted(_modifier_classes())
+    for where, name, _ in _iter_modifiers(recipe):
+        if name not in known:
+            raise RecipeError(
+                RECIPE_FIELD,
+                f"unknown modifier {name!r} in {where}",
+                f"{_closest(name, known, cutoff=0.8)}"
+                f"llm-compressor 0.14's modifiers: {', '.join(known)}",
+            )
+    try:
+        return Recipe.from_dict(recipe).modifiers
+    except ValidationError as exc:
+        raise _validation_error(exc, recipe) from exc
+    # Errors a modifier raises outside pydantic's validation, e.g. from a helper it calls.
+    except (ValueError, TypeError, KeyError) as exc:
+        raise RecipeError(
+            RECIPE_FIELD,
+            f"llm-compressor rejects the recipe: {exc}",
+            "change the recipe as the message says",
+        ) from exc
+
+
+# ---------------------------------------------------------------- render
+
+
+class _CanonicalDumper(yaml.SafeDumper):
+    """Writes repeated values in full: `&id001` anchors would puzzle readers of recipe.yaml."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _first_scheme(recipe: dict[str, Any]) -> str | None:
+    for _, _, kwargs in _iter_modifiers(recipe):
+        scheme = kwargs.get("scheme")
+        if isinstance(scheme, str):
+            return scheme
+        if isinstance(scheme, dict) and scheme:  # {W4A16: [Linear], ...}: scheme -> targets
+            return "+".join(map(str, scheme))
+    return None
+
+
+def render(args: RecipeArgs) -> RenderedRecipe:
+    """Every step, without Prefect or ClearML: what the task returns."""
+    data, source, preset_name = load_recipe(args.recipe)
+    values = dict(args.recipe_args)
+    if preset_name:
+        values = effective_args(preset_name, values)
+    recipe = to_recipe_dict(substitute(data, values))
+    notes = migrate_legacy(recipe)
+
+    try:
+        text = yaml.dump(recipe, Dumper=_CanonicalDumper, sort_keys=False, allow_unicode=True)
+    except yaml.YAMLError as exc:
+        raise RecipeError(
+            ARGS_FIELD,
+            f"the recipe holds a value YAML cannot write: {exc}",
+            "use only strings, numbers, booleans, null, lists and mappings",
+        ) from exc
+    # Validate what oneshot will read back, not the in-memory objects.
+    modifiers = validate(yaml.safe_load(text))
+
+    needs_data = any(m.requires_calibration_data for m in modifiers)
+    if args.pipeline in _EXPLICIT_PIPELINES:
+        pipeline = args.pipeline
+        if pipeline == "datafree" and needs_data:
+            notes.append("pipeline datafree was asked for, but the modifiers need calibration data")
+    else:  # as llmcompressor.pipelines.registry.CalibrationPipeline._infer_pipeline does
+        pipeline = "sequential" if needs_data else "datafree"
+
+    return RenderedRecipe(
+        yaml=text,
+        sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        source=source,
+        modifiers=[type(m).__name__ for m in modifiers],
+        scheme=_first_scheme(recipe),
+        pipeline=pipeline,
+        needs_data=needs_data,
+        notes=notes,
+        args=values,
+    )
+
+
+def _logger() -> logging.Logger | logging.LoggerAdapter:
+    try:
+        return get_run_logger()
+    except MissingContextError:  # called as render_recipe.fn(...) outside a flow run
+        return get_logger(__name__)
+
+
+@task(name="render recipe")
+def render_recipe(args: RecipeArgs) -> RenderedRecipe:
+    """Render, validate and log the recipe; RecipeError says what to fix before any model loads."""
+    rendered = render(args)
+    log = _logger()
+    log.info(
+        "Recipe from %s: %s, scheme %s, pipeline %s (sha256 %s)",
+        rendered.source,
+        ", ".join(rendered.modifiers),
+        rendered.scheme,
+        rendered.pipeline,
+        rendered.sha256[:12],
+    )
+    for note in rendered.notes:
+        log.warning("Recipe migrated: %s", note)
+    tracker = tracking.current()
+    tracker.configuration("recipe", rendered.yaml, description=f"Rendered from {rendered.source}")
+    tracker.params("recipe_args", rendered.args)
+    return rendered
