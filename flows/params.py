@@ -55,7 +55,7 @@ class DatasetArgs(_Args):
     dataset_name: str = Field(
         default="python_docs",
         min_length=1,
-        description="A registered shortcut (see tasks.datasets_registry), a hub dataset id, or a "
+        description="A registered shortcut (see tasks.dataset_registry), a hub dataset id, or a "
         "local .txt/.jsonl/.json/.parquet file.",
     )
     dataset_config_name: str | None = Field(

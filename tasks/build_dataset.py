@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import importlib
 import json
 import logging
-import os
 import re
 import shutil
 import string
@@ -36,9 +34,11 @@ from pydantic import BaseModel, Field
 
 from flows.params import DatasetArgs
 from tasks import tracking
+from tasks.caching import CACHE_EXPIRATION, LocalSourceAware, cache_root
 from tasks.dataset_registry import ALIASES, SHAREGPT_ROLES, SHORTCUTS, lookup
 from tasks.errors import DatasetError
 from tasks.fetch_model import FetchedModel
+from tasks.imports import import_callable
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,12 @@ class BuiltDataset(BaseModel):
         return Path(self.path, "dataset_info.json").exists()
 
 
-@task(name="build dataset")
+@task(
+    name="build dataset",
+    cache_policy=LocalSourceAware(),
+    cache_expiration=CACHE_EXPIRATION,
+    persist_result=True,
+)
 def build_dataset(
     args: DatasetArgs, model: FetchedModel, needs_data: bool = True
 ) -> BuiltDataset | None:
@@ -217,7 +222,7 @@ def load_source(args: DatasetArgs):
                 "pick a text dataset, or pass a dataset_loader returning processor-ready rows",
             )
         if "local_rows" in entry:
-            rows = _resolve(entry["local_rows"])()
+            rows = import_callable(entry["local_rows"], "dataset.dataset_name", DatasetError)()
             return datasets.Dataset.from_dict({"text": rows}), f"shortcut:{shortcut}", entry
         split = args.split or entry["split"]
         split = entry.get("split_aliases", {}).get(split, split)
@@ -324,24 +329,7 @@ def call_loader(spec: str, args: DatasetArgs):
     import datasets
 
     field = "dataset.dataset_loader"
-    module_name, _, function_name = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise DatasetError(
-            field,
-            f"cannot import module '{module_name}' of '{spec}': {exc}",
-            "install the module in the worker's environment or fix the name",
-        ) from exc
-    function = getattr(module, function_name, None)
-    if not callable(function):
-        what = "does not exist" if function is None else f"is of type {type(function).__name__}"
-        raise DatasetError(
-            field,
-            f"'{function_name}' in '{module_name}' {what}, not a callable loader",
-            f"point dataset_loader at a function defined in {module_name}",
-        )
-    result = function(args)
+    result = import_callable(spec, field, DatasetError)(args)
     if not isinstance(result, datasets.Dataset):
         raise DatasetError(
             field,
@@ -349,11 +337,6 @@ def call_loader(spec: str, args: DatasetArgs):
             "return a datasets.Dataset (from a DatasetDict, return one split, e.g. dd['train'])",
         )
     return result
-
-
-def _resolve(spec: str) -> Callable:
-    module_name, _, attribute = spec.partition(":")
-    return getattr(importlib.import_module(module_name), attribute)
 
 
 # --- rows to text -------------------------------------------------------------------------------
@@ -529,10 +512,6 @@ def fingerprint(tokenized, tokenizer_id: str, max_seq_len: int) -> str:
                 digest.update(f"{column}:{array.shape}:{array.dtype}\n".encode())
                 digest.update(array.tobytes())
     return digest.hexdigest()
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("COMPRESSFLOW_CACHE_DIR", "~/.cache/compressflow")).expanduser()
 
 
 def save(tokenized, fp: str) -> Path:

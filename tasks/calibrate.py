@@ -8,7 +8,6 @@ followed by METRIC "time 0.06s" and "error 9.05"), so a loguru sink collects the
 
 from __future__ import annotations
 
-import importlib
 import re
 import resource
 import time
@@ -22,8 +21,8 @@ from pydantic import BaseModel, Field
 from flows.params import RecipeArgs
 from tasks import tracking
 from tasks.build_dataset import BuiltDataset
-from tasks.errors import InputError
 from tasks.fetch_model import FetchedModel, folder_size
+from tasks.imports import import_callable
 from tasks.render_recipe import RenderedRecipe
 
 
@@ -62,18 +61,6 @@ class ModuleMetricSink:
             if match := _METRIC.match(text):
                 kind, value = match.groups()
                 setattr(self.modules[-1], "seconds" if kind == "time" else "error", float(value))
-
-
-def import_callable(path: str, field: str):
-    """`module:function` to the function, with errors that name the field."""
-    module_name, _, attr = path.partition(":")
-    try:
-        target = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise InputError(field, f"cannot import {path!r} ({exc})", "give an importable module:function") from exc
-    if not callable(target):
-        raise InputError(field, f"{path!r} is not callable", "point it at a function")
-    return target
 
 
 def layer_index(module_name: str) -> int:

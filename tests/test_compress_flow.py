@@ -1,0 +1,142 @@
+"""The compress-model flow end to end: real Prefect, real oneshot, ClearML offline.
+
+Each preset that runs on CPU is calibrated on the tiny model, reloaded with transformers
+(compressed-tensors) and must give finite logits. Reruns must reuse cached stages and outputs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from flows.compress import compress
+from flows.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
+from tasks.errors import PublishError
+
+SEED_GUIDE_W4A16 = """
+quant_stage:
+  quant_modifiers:
+    GPTQModifier:
+      ignore: ["lm_head"]
+      scheme: "W4A16"
+      targets: "Linear"
+      observer: $observer
+      dampening_frac: $damp
+"""
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+def small_data(**changes) -> DatasetArgs:
+    return DatasetArgs(dataset_name="python_docs", text_samples=16, max_seq_len=64, **changes)
+
+
+def assert_reloads_with_finite_logits(path: str) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    config = json.loads(Path(path, "config.json").read_text())
+    assert "quantization_config" in config, "not saved in compressed-tensors format"
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    inputs = tokenizer(["Return the sum of a and b."], return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    assert torch.isfinite(logits).all()
+
+
+def stage(published, name):
+    return next(s for s in published.stages if s.name == name)
+
+
+@pytest.mark.parametrize("preset", ["W4A16", "W8A8", "FP8_DYNAMIC"])
+def test_each_cpu_preset_publishes_a_reloadable_checkpoint(tiny_model, tmp_path, preset):
+    target = tmp_path / preset
+    published = compress(
+        model=ModelArgs(model_id=str(tiny_model)),
+        dataset=small_data(),
+        recipe=RecipeArgs(recipe=preset),
+        output=OutputArgs(save_directory=str(target)),
+    )
+    assert Path(published.path) == target and not published.reused
+    assert {"manifest.json", "recipe.yaml", "config.json"} <= {p.name for p in target.iterdir()}
+    manifest = json.loads((target / "manifest.json").read_text())
+    assert manifest["result"]["run_key"] == published.run_key
+    assert manifest["libraries"]["llmcompressor"] == "0.14.0.1"
+    assert published.compression_ratio > 1.5
+    assert_reloads_with_finite_logits(published.path)
+    assert not list(tmp_path.glob(".*staging*")), "staging folder left behind"
+
+
+def test_second_run_reuses_cached_stages_and_the_published_output(tiny_model, tmp_path):
+    params = dict(
+        model=ModelArgs(model_id=str(tiny_model)),
+        dataset=small_data(seed=7),
+        recipe=RecipeArgs(recipe=SEED_GUIDE_W4A16, recipe_args={"observer": "mse", "damp": 0.1}),
+        output=OutputArgs(save_directory=str(tmp_path / "out")),
+    )
+    first = compress(**params)
+    manifest = json.loads(Path(first.path, "manifest.json").read_text())
+    assert manifest["modules"], "per-module metrics were not captured"
+    assert all(m["error"] is not None for m in manifest["modules"])
+    assert not stage(first, "build dataset").cached
+    assert_reloads_with_finite_logits(first.path)
+
+    second = compress(**params)
+    assert second.reused and second.path == first.path and second.run_key == first.run_key
+    assert stage(second, "fetch model").cached and stage(second, "build dataset").cached
+    assert "calibrate" not in {s.name for s in second.stages}
+
+    # A new recipe argument recalibrates, but still reuses the fetched model and dataset.
+    third = compress(
+        **{**params, "recipe": RecipeArgs(recipe=SEED_GUIDE_W4A16, recipe_args={"observer": "mse", "damp": 0.05}),
+           "output": OutputArgs(save_directory=str(tmp_path / "out2"))}
+    )  # fmt: skip
+    assert not third.reused and third.run_key != first.run_key
+    assert stage(third, "fetch model").cached and stage(third, "build dataset").cached
+
+
+def test_output_holding_another_model_is_refused_before_calibration(tiny_model, tmp_path):
+    target = tmp_path / "taken"
+    target.mkdir()
+    (target / "model.safetensors").write_text("somebody else's model")
+    with pytest.raises(PublishError, match="overwrite: true"):
+        compress(
+            model=ModelArgs(model_id=str(tiny_model)),
+            dataset=small_data(),
+            recipe=RecipeArgs(recipe="FP8_DYNAMIC"),
+            output=OutputArgs(save_directory=str(target)),
+        )
+    assert (target / "model.safetensors").read_text() == "somebody else's model"
+
+
+def test_failed_calibration_leaves_no_partial_output(tiny_model, tmp_path):
+    # Group size 96 does not divide the 256-wide layers: llm-compressor refuses at calibration.
+    recipe = {
+        "quant_stage": {
+            "quant_modifiers": {
+                "GPTQModifier": {
+                    "ignore": ["lm_head"],
+                    "config_groups": {
+                        "group_0": {
+                            "targets": ["Linear"],
+                            "weights": {"num_bits": 4, "type": "int", "symmetric": True,
+                                        "strategy": "group", "group_size": 96},
+                        }
+                    },
+                }
+            }
+        }
+    }  # fmt: skip
+    target = tmp_path / "never"
+    with pytest.raises(ValueError, match="not divisible by group_size"):
+        compress(
+            model=ModelArgs(model_id=str(tiny_model)),
+            dataset=small_data(),
+            recipe=RecipeArgs(recipe=recipe),
+            output=OutputArgs(save_directory=str(target)),
+        )
+    assert not target.exists()
+    assert not list(tmp_path.glob(".*staging*"))
