@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import shutil
 
-from prefect import flow, runtime
+from prefect import flow
 from prefect.logging import get_run_logger
 
 from flows.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs, TrackingArgs
 from flows.stages import Stages
-from tasks.tracking import open_run
+from tasks.tracking import track_flow_run
 from tasks.build_dataset import build_dataset
 from tasks.calibrate import calibrate
 from tasks.check_traceability import check_traceability
+from tasks.events import emit_published
 from tasks.fetch_model import fetch_model
 from tasks.publish import (
     PublishedModel,
@@ -46,53 +47,55 @@ def compress(
     tracking: TrackingArgs = TrackingArgs(),
 ) -> PublishedModel:
     """Compress `model` with `recipe`, calibrated on `dataset`, and publish it to `output`."""
-    log = get_run_logger()
     inputs = {
         "model": model.model_dump(),
         "dataset": dataset.model_dump(),
         "recipe": recipe.model_dump(),
         "output": output.model_dump(),
     }
-    run_tags = [*output.tags, f"prefect-flow-run:{runtime.flow_run.id}"]
-    with open_run(
-        project=tracking.project_name or "compressflow",
-        name=tracking.task_name or default_task_name(model, recipe),
-        tags=run_tags,
-        comment=f"Prefect flow run: {runtime.flow_run.ui_url}",
-        enabled=tracking.enabled,
-    ) as tracker:
-        stages = Stages()
-        rendered = stages.run(render_recipe, recipe)
-        fetched = stages.run(fetch_model, model)
-        built = stages.run(build_dataset, dataset, fetched, rendered.needs_data)
+    with track_flow_run(tracking, default_task_name(model, recipe), output.tags, inputs) as tracker:
+        published = run_stages(model, dataset, recipe, output, inputs)
+        emit_published(published, model)  # new or reused: tasks/events.py says why both
+    if tracker.failures:
+        get_run_logger().warning("ClearML tracking failed: %s", "; ".join(tracker.failures))
+    return published.model_copy(update={"tracking": tracker.status()})
 
-        key = run_key(fetched, built, rendered, recipe, output)
-        target = output_path(output, fetched, rendered)
-        if existing := find_published(target, key):
-            log.info("Reusing %s: it was published from the same model, data and recipe", target)
-            return existing.model_copy(update={"stages": stages.records})
-        check_target(target, key, output.overwrite)
-        remove_stale_staging(target)
 
-        stages.run(check_traceability, fetched, rendered, built, recipe)
-        staging = staging_path(target)
-        try:
-            calibration = stages.run(
-                calibrate,
-                fetched,
-                built,
-                rendered,
-                recipe,
-                str(staging),
-                output.save_compressed,
-                dataset.data_collator,
-            )
-            published = stages.run(
-                publish, calibration, fetched, built, rendered, str(target), key, inputs, output,
-                stages.as_dicts(),
-            )  # fmt: skip
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)  # gone already when publishing succeeded
-        if tracker.failures:
-            log.warning("ClearML tracking failed during this run: %s", "; ".join(tracker.failures))
-        return published.model_copy(update={"stages": stages.records})
+def run_stages(
+    model: ModelArgs, dataset: DatasetArgs, recipe: RecipeArgs, output: OutputArgs, inputs: dict
+) -> PublishedModel:
+    """The pipeline: cheap stages first, so mistakes fail before any weights load."""
+    log = get_run_logger()
+    stages = Stages()
+    rendered = stages.run(render_recipe, recipe)
+    fetched = stages.run(fetch_model, model)
+    built = stages.run(build_dataset, dataset, fetched, rendered.needs_data)
+
+    key = run_key(fetched, built, rendered, recipe, output)
+    target = output_path(output, fetched, rendered)
+    if existing := find_published(target, key):
+        log.info("Reusing %s: it was published from the same model, data and recipe", target)
+        return existing.model_copy(update={"stages": stages.records})
+    check_target(target, key, output.overwrite)
+    remove_stale_staging(target)
+
+    stages.run(check_traceability, fetched, rendered, built, recipe)
+    staging = staging_path(target)
+    try:
+        calibration = stages.run(
+            calibrate,
+            fetched,
+            built,
+            rendered,
+            recipe,
+            str(staging),
+            output.save_compressed,
+            dataset.data_collator,
+        )
+        published = stages.run(
+            publish, calibration, fetched, built, rendered, str(target), key, inputs, output,
+            stages.as_dicts(),
+        )  # fmt: skip
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone already when publishing succeeded
+    return published.model_copy(update={"stages": stages.records})

@@ -12,6 +12,8 @@ import time
 from prefect.logging import get_run_logger
 from pydantic import BaseModel
 
+from tasks import tracking
+
 
 class StageRecord(BaseModel):
     name: str
@@ -37,6 +39,8 @@ class Stages:
                 result.path,
             )
             result, cached = stage.with_options(refresh_cache=True)(*args, **kwargs), False
+        elif cached:
+            tracking.log_result(result)  # the task body, which logs, did not run
         self.record(stage.name, time.perf_counter() - started, cached)
         return result
 

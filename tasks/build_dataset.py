@@ -27,7 +27,7 @@ import shutil
 import string
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from prefect import task
 from pydantic import BaseModel, Field
@@ -55,8 +55,19 @@ class BuiltDataset(BaseModel):
     token_stats: dict[str, float] = Field(description="min, mean, max and total tokens per sample.")
     chat_template_applied: bool = False
 
+    tracking_section: ClassVar[str] = "dataset"
+
     def exists(self) -> bool:
         return Path(self.path, "dataset_info.json").exists()
+
+    def tracking_params(self) -> dict:
+        return {
+            "source": self.source,
+            "fingerprint": self.fingerprint,
+            "samples": self.num_samples,
+            "chat_template_applied": self.chat_template_applied,
+            **{f"tokens_{name}": value for name, value in self.token_stats.items()},
+        }
 
 
 @task(
@@ -86,18 +97,7 @@ def build_dataset(
         built.num_samples, built.source, stats["min"], stats["max"], stats["mean"], stats["total"],
         "applied" if built.chat_template_applied else "not applied", built.path,
     )  # fmt: skip
-    tracking.current().params(
-        "dataset",
-        {
-            "source": built.source,
-            "fingerprint": built.fingerprint,
-            "samples": built.num_samples,
-            "max_seq_len": args.max_seq_len,
-            "seed": args.seed,
-            "chat_template_applied": built.chat_template_applied,
-            **{f"tokens_{name}": value for name, value in stats.items()},
-        },
-    )
+    tracking.log_result(built)
     return built
 
 

@@ -16,7 +16,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from prefect import task
 from prefect.logging import get_run_logger
@@ -44,11 +44,26 @@ class FetchedModel(BaseModel):
         description="Immutable identity: 'hub:<id>@<sha>', 'clearml:<id>:<hash>' or 'sha256:<hash>'."
     )
     size_bytes: int
+    parameters: int | None = Field(default=None, description="From safetensors headers.")
     trust_remote_code: bool = False
     model_class: str = "AutoModelForCausalLM"
 
+    tracking_section: ClassVar[str] = "model"
+
     def exists(self) -> bool:
         return Path(self.path, "config.json").exists()
+
+    def tracking_params(self) -> dict:
+        return {
+            "model_id": self.model_id,
+            "source": self.source,
+            "revision_requested": self.revision_requested or "",
+            "revision_resolved": self.revision_resolved or "",
+            "identity": self.identity,
+            "size_bytes": self.size_bytes,
+            "parameters": self.parameters or 0,
+            "model_class": self.model_class,
+        }
 
 
 def folder_size(path: Path) -> int:
@@ -162,7 +177,8 @@ def fetch_from_clearml(args: ModelArgs) -> Path:
     from clearml import InputModel
 
     try:
-        folder = InputModel(model_id=args.model_id).get_local_copy()
+        input_model = InputModel(model_id=args.model_id)
+        folder = input_model.get_local_copy()
     except ValueError as exc:
         raise ModelFetchError(
             "model.model_id",
@@ -176,6 +192,7 @@ def fetch_from_clearml(args: ModelArgs) -> Path:
             "fetch registry models)",
             "configure a ClearML server (see README) or pass the model's local folder",
         )
+    tracking.current().connect_input_model(input_model)
     return Path(folder)
 
 
@@ -223,6 +240,7 @@ def fetch(args: ModelArgs) -> FetchedModel:
         revision_resolved=revision_resolved,
         identity=identity,
         size_bytes=folder_size(path),
+        parameters=parameter_count(path),
         trust_remote_code=args.trust_remote_code,
         model_class=args.model_class,
     )
@@ -254,26 +272,13 @@ def parameter_count(path: Path) -> int | None:
 def fetch_model(args: ModelArgs) -> FetchedModel:
     """Fetch the model named by `args` and record its identity, size and parameter count."""
     fetched = fetch(args)
-    params = parameter_count(Path(fetched.path))
     get_run_logger().info(
         "Fetched %s from %s: %s, %.1f MB, %s parameters",
         args.model_id,
         fetched.source,
         fetched.identity,
         fetched.size_bytes / 1e6,
-        f"{params:,}" if params is not None else "unknown",
+        f"{fetched.parameters:,}" if fetched.parameters is not None else "unknown",
     )
-    tracking.current().params(
-        "model",
-        {
-            "model_id": args.model_id,
-            "source": fetched.source,
-            "revision_requested": args.revision or "",
-            "revision_resolved": fetched.revision_resolved or "",
-            "identity": fetched.identity,
-            "size_bytes": fetched.size_bytes,
-            "parameters": params or 0,
-            "model_class": args.model_class,
-        },
-    )
+    tracking.log_result(fetched)
     return fetched

@@ -55,6 +55,7 @@ class PublishedModel(BaseModel):
     stages: list[StageRecord] = Field(
         default_factory=list, description="This run's stages: seconds taken and cache hits."
     )
+    tracking: str = Field(default="", description="Where ClearML logged the run, or why it failed.")
 
 
 def library_versions() -> dict[str, str]:
@@ -251,4 +252,16 @@ def publish(
     tracker = tracking.current()
     tracker.artifact("manifest", manifest)
     tracker.artifact("recipe", str(target_path / "recipe.yaml"))
+    tracker.register_model(
+        target_path,
+        name=target_path.name,
+        tags=output.tags,
+        metadata={
+            "base_model": model.identity,
+            "recipe_sha256": recipe.sha256,
+            "scheme": recipe.scheme,
+            "compression_ratio": published.compression_ratio,
+            "run_key": key,
+        },
+    )
     return published

@@ -5,21 +5,35 @@ through `current()`, which finds the process's ClearML task the way the SDK inte
 (`Task.current_task()`, valid from any thread). When tracking is off, or ClearML failed, `current()`
 returns a tracker that does nothing, so stages never branch on whether ClearML is there.
 
-A tracking failure never fails the compression: each call is guarded, the first failure is logged
-with its reason and recorded, and later calls become no-ops.
+Where the run is logged:
+- a `ClearMLSettings` block named by the flow: that server, with the block's credentials;
+- else the SDK's own configuration (CLEARML_* variables or clearml.conf);
+- else offline mode: a session folder (and zip) to import later (see README).
+
+A tracking failure never fails the compression, and never hangs it: the server is probed with a
+timeout before Task.init (unreachable: log offline instead), every call is guarded (the first
+failure is recorded with its reason, later calls become no-ops), and close() runs under a timeout.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from blocks.clearml_settings import ClearMLSettings
+    from flows.params import TrackingArgs
 
 log = logging.getLogger(__name__)
+
+CLOSE_TIMEOUT_SECONDS = 30.0
+FAILURES_ATTR = "_compressflow_tracking_failures"
 
 # Repository detection spawns git and can hang close(); every key must be given because a
 # missing one defaults to True (FIELD_NOTES). No framework is auto-logged: the model is saved
@@ -38,96 +52,194 @@ class Tracker:
 
     task: Any = None
     failures: list[str] = field(default_factory=list)
+    mode: str = "off"  # "online", "offline" or "off"
+    location: str | None = None  # web page online, session folder offline
+
+    def status(self) -> str:
+        """One line for the run's result: where it was logged and what failed."""
+        where = f"{self.mode}" + (f": {self.location}" if self.location else "")
+        return where + "".join(f"; FAILED: {reason}" for reason in self.failures)
 
     @property
     def active(self) -> bool:
         return self.task is not None
 
-    def _call(self, what: str, fn, *args, **kwargs) -> None:
-        if self.task is None:
+    def _call(self, what: str, method: str, *args, logger: bool = False, **kwargs) -> None:
+        if self.task is None or getattr(self.task, FAILURES_ATTR, None):
             return
         try:
-            fn(*args, **kwargs)
+            target = self.task.get_logger() if logger else self.task
+            getattr(target, method)(*args, **kwargs)
         except Exception as exc:  # tracking must never break a compression run
-            reason = f"ClearML {what} failed: {type(exc).__name__}: {exc}"
-            log.warning("%s; tracking is off for the rest of this run", reason)
-            self.failures.append(reason)
-            self.task = None
+            self.fail(f"ClearML {what} failed: {type(exc).__name__}: {exc}")
+
+    def fail(self, reason: str) -> None:
+        log.warning("%s; tracking is off for the rest of this run", reason)
+        self.failures.append(reason)
+        # Trackers are cheap views of one ClearML task: the mark on the task is what turns
+        # tracking off for every stage and lets the flow report the failure at the end.
+        failures = getattr(self.task, FAILURES_ATTR, [])
+        setattr(self.task, FAILURES_ATTR, [*failures, reason])
+        self.task = None
 
     def params(self, section: str, values: dict[str, Any]) -> None:
         """Hyperparameters under `section` (shown in the ClearML CONFIGURATION tab)."""
         flat = {k: v if isinstance(v, (int, float, bool, str)) else str(v) for k, v in values.items()}
-        self._call("connect", self.task.connect if self.task else None, flat, name=section)
+        self._call("connect", "connect", flat, name=section)
 
     def configuration(self, name: str, text: str, description: str = "") -> None:
+        # connect_configuration would read a str as a file path; this stores the text itself.
         self._call(
-            "connect_configuration",
-            self.task.connect_configuration if self.task else None,
-            configuration=text,
+            "set_configuration_object",
+            "set_configuration_object",
             name=name,
+            config_text=text,
             description=description,
         )
 
     def scalar(self, title: str, series: str, value: float, iteration: int = 0) -> None:
-        logger = self.task.get_logger() if self.task else None
         self._call(
             "report_scalar",
-            logger.report_scalar if logger else None,
+            "report_scalar",
             title=title,
             series=series,
             value=float(value),
             iteration=iteration,
+            logger=True,
         )
 
     def single(self, name: str, value: float) -> None:
-        logger = self.task.get_logger() if self.task else None
-        self._call("report_single_value", logger.report_single_value if logger else None, name, value)
+        self._call("report_single_value", "report_single_value", name, value, logger=True)
 
     def text(self, message: str) -> None:
-        logger = self.task.get_logger() if self.task else None
-        self._call("report_text", logger.report_text if logger else None, message)
+        self._call("report_text", "report_text", message, logger=True)
+
+    def table(self, title: str, rows: list[dict]) -> None:
+        import pandas as pd
+
+        self._call(
+            "report_table",
+            "report_table",
+            title=title,
+            series=title,
+            iteration=0,
+            table_plot=pd.DataFrame(rows),
+            logger=True,
+        )
 
     def artifact(self, name: str, obj: Any) -> None:
-        self._call(
-            "upload_artifact",
-            self.task.upload_artifact if self.task else None,
-            name=name,
-            artifact_object=obj,
-            wait_on_upload=True,
-        )
+        self._call("upload_artifact", "upload_artifact", name=name, artifact_object=obj, wait_on_upload=True)
+
+    def register_model(self, folder: Path, name: str, tags: list[str], metadata: dict) -> None:
+        """Register `folder` as the task's OutputModel; offline, record it as an artifact."""
+        if self.task is None:
+            return
+        if self.mode == "offline":
+            # OutputModel needs a server (it fails on the offline dummy model); the folder is
+            # referenced, not zipped into the session: real checkpoints are tens of GB.
+            self.artifact("compressed-model", {"path": str(folder), "uri": folder.as_uri(), **metadata})
+            self.text(f"Offline: compressed model recorded as artifact 'compressed-model' ({folder}); "
+                      "OutputModel registration happens online only")
+            return
+        try:
+            from clearml import OutputModel
+
+            model = OutputModel(task=self.task, name=name, tags=tags, framework="PyTorch")
+            model.update_weights_package(weights_path=str(folder), auto_delete_file=False)
+            for key, value in metadata.items():
+                model.set_metadata(key, str(value), v_type="str")
+        except Exception as exc:  # registration failing must not fail the published model
+            self.fail(f"ClearML OutputModel registration failed: {type(exc).__name__}: {exc}")
+
+    def connect_input_model(self, model: Any) -> None:
+        """Lineage: the ClearML model this run started from."""
+        self._call("connect input model", "connect", model)
+
+    def link(self) -> str | None:
+        """The task's web page online, or its offline session folder."""
+        if self.task is None:
+            return None
+        try:
+            if self.mode == "offline":
+                return str(self.task.get_offline_mode_folder())
+            return self.task.get_output_log_web_page()
+        except Exception as exc:  # a missing link is not worth failing tracking for
+            log.warning("ClearML task link unavailable: %s", exc)
+            return None
 
 
 def current() -> Tracker:
     """The tracker for this process's ClearML task, or a no-op one when none is open."""
-    if os.environ.get("COMPRESSFLOW_TRACKING", "1") == "0":
-        return Tracker()
     try:
         from clearml import Task
 
-        return Tracker(task=Task.current_task())
+        task = Task.current_task()
     except Exception as exc:  # ClearML not importable or misconfigured: run untracked
         log.warning("ClearML unavailable (%s); running without tracking", exc)
         return Tracker()
+    if task is None or getattr(task, FAILURES_ATTR, None):
+        return Tracker()
+    return Tracker(task=task, mode="offline" if task.is_offline() else "online")
 
 
-def clearml_configured() -> bool:
-    """Whether a ClearML server is configured (environment or clearml.conf) and not forced off."""
-    if os.environ.get("CLEARML_OFFLINE_MODE", "").lower() in ("1", "true", "yes"):
-        return False
-    if os.environ.get("CLEARML_API_HOST") or os.environ.get("CLEARML_CONFIG_FILE"):
-        return True
-    return Path("~/clearml.conf").expanduser().exists()
+def log_result(result) -> None:
+    """Log a stage result's `tracking_params()` under its `tracking_section`."""
+    current().params(result.tracking_section, result.tracking_params())
+
+
+def configured_api_host() -> str | None:
+    """The API host of the SDK's own configuration (environment or clearml.conf), if any."""
+    if os.environ.get("CLEARML_API_HOST"):
+        return os.environ["CLEARML_API_HOST"]
+    if os.environ.get("CLEARML_CONFIG_FILE") or Path("~/clearml.conf").expanduser().exists():
+        from clearml.backend_api import Session
+
+        return Session.get_api_server_host()
+    return None
+
+
+def unreachable_reason(api_host: str, timeout: float) -> str | None:
+    """Why the ClearML API server cannot be reached in `timeout` seconds; None when it can.
+
+    The SDK retries an unreachable server for minutes: one bounded request decides first.
+    """
+    import requests
+
+    try:
+        requests.get(f"{api_host.rstrip('/')}/debug.ping", timeout=timeout)
+    except requests.RequestException as exc:
+        return f"ClearML server {api_host} unreachable ({type(exc).__name__}: {exc})"
+    return None
+
+
+def _close(task, tracker: Tracker) -> None:
+    """close() flushes reports to the server; bound it so an outage cannot hang the flow."""
+    closer = threading.Thread(target=task.close, name="clearml-close", daemon=True)
+    closer.start()
+    closer.join(CLOSE_TIMEOUT_SECONDS)
+    if closer.is_alive():
+        tracker.failures.append(
+            f"ClearML close() did not finish in {CLOSE_TIMEOUT_SECONDS:.0f} s; the server may "
+            "have missed the run's last reports"
+        )
+        log.warning(tracker.failures[-1])
 
 
 @contextmanager
 def open_run(
-    project: str, name: str, tags: list[str], comment: str = "", enabled: bool = True
+    project: str,
+    name: str,
+    tags: list[str],
+    comment: str = "",
+    enabled: bool = True,
+    settings: ClearMLSettings | None = None,
+    connect_timeout: float = 10.0,
 ) -> Iterator[Tracker]:
-    """Open the flow run's ClearML task (offline when no server is configured) and close it."""
-    if not enabled or os.environ.get("COMPRESSFLOW_TRACKING", "1") == "0":
-        yield Tracker()
-        return
+    """Open the flow run's ClearML task, yield its Tracker, and close it (bounded)."""
     tracker = Tracker()
+    if not enabled or os.environ.get("COMPRESSFLOW_TRACKING", "1") == "0":
+        yield tracker
+        return
     try:
         from clearml import Task
         from clearml.backend_interface.task.task import Task as BackendTask
@@ -135,9 +247,26 @@ def open_run(
         # The reporter's forked subprocess made close() take 6-300 s (FIELD_NOTES); in-process
         # reporting closes in ~0.02 s.
         BackendTask._report_subprocess_enabled = False
-        if not clearml_configured():
+        if settings is not None:
+            Task.set_credentials(
+                api_host=settings.api_host,
+                web_host=settings.web_host,
+                files_host=settings.files_host,
+                key=settings.access_key.get_secret_value(),
+                secret=settings.secret_key.get_secret_value(),
+            )
+            api_host, connect_timeout = settings.api_host, settings.connect_timeout_seconds
+        else:
+            api_host = configured_api_host()
+        forced_offline = os.environ.get("CLEARML_OFFLINE_MODE", "").lower() in ("1", "true", "yes")
+        if api_host and not forced_offline:
+            if reason := unreachable_reason(api_host, connect_timeout):
+                tracker.failures.append(f"{reason}; logged offline instead")
+                log.warning(tracker.failures[-1])
+                api_host = None
+        if not api_host or forced_offline:
             Task.set_offline(True)
-            log.info("ClearML: no server configured, logging offline (see README to import)")
+            log.info("ClearML: no reachable server configured, logging offline (see README)")
         tracker.task = Task.init(
             project_name=project,
             task_name=name,
@@ -146,17 +275,65 @@ def open_run(
             auto_connect_frameworks=AUTO_CONNECT_FRAMEWORKS,
             auto_connect_arg_parser=False,
             auto_resource_monitoring=False,
+            output_uri=settings.output_uri if settings else None,
         )
+        tracker.mode = "offline" if Task.is_offline() else "online"
+        tracker.location = tracker.link()
         if comment:
             tracker.task.set_comment(comment)
     except Exception as exc:  # a tracking outage must not stop a compression
+        tracker.task = None
         tracker.failures.append(f"ClearML Task.init failed: {type(exc).__name__}: {exc}")
         log.warning("%s; continuing without tracking", tracker.failures[-1])
-        tracker.task = None
     try:
         yield tracker
     finally:
-        task = tracker.task
-        tracker.task = None
+        task, tracker.task = tracker.task, None
         if task is not None:
-            task.close()
+            tracker.failures.extend(getattr(task, FAILURES_ATTR, []))
+            _close(task, tracker)
+
+
+def load_settings(block_name: str | None) -> ClearMLSettings | None:
+    from blocks.clearml_settings import ClearMLSettings
+    from tasks.errors import InputError
+
+    if block_name is None:
+        return None
+    try:
+        return ClearMLSettings.load(block_name)
+    except ValueError as exc:
+        raise InputError(
+            "tracking.clearml_block",
+            f"no ClearMLSettings block named {block_name!r} ({exc})",
+            "create it with `python -m blocks.register` or fix the name",
+        ) from exc
+
+
+@contextmanager
+def track_flow_run(
+    args: TrackingArgs, default_name: str, tags: list[str], inputs: dict[str, dict]
+) -> Iterator[Tracker]:
+    """open_run for a Prefect flow run: names, tags and links both ways, logs the inputs."""
+    from prefect import runtime
+    from prefect.artifacts import create_link_artifact
+
+    settings = load_settings(args.clearml_block)
+    flow_run = runtime.flow_run
+    with open_run(
+        project=args.project_name or (settings.default_project if settings else "compressflow"),
+        name=args.task_name or default_name,
+        tags=[*tags, f"prefect-flow-run:{flow_run.id}"],
+        comment=f"Prefect flow run {flow_run.name} ({flow_run.id})"
+        + (f": {flow_run.ui_url}" if flow_run.ui_url else ""),
+        enabled=args.enabled,
+        settings=settings,
+    ) as tracker:
+        for group, values in inputs.items():
+            tracker.params(f"{group} args", values)
+        if tracker.location:
+            uri = tracker.location if tracker.mode == "online" else Path(tracker.location).as_uri()
+            create_link_artifact(
+                uri, link_text=f"ClearML task ({tracker.mode})", key="clearml-task"
+            )
+        yield tracker

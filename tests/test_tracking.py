@@ -1,0 +1,149 @@
+"""ClearML tracking, asserted on the offline session the real SDK writes.
+
+No ClearML server runs here, so offline mode is the real code path: the tests read the session
+folder (task.json, metrics.jsonl, artifacts) that a later `Task.import_offline_session` uploads.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from blocks.clearml_settings import ClearMLSettings
+from flows.compress import compress
+from flows.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs, TrackingArgs
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+ACCESS_KEY = "ACCESSKEY-5f1d2c3b-do-not-leak"
+SECRET_KEY = "SECRETKEY-9a8b7c6d-do-not-leak"
+
+
+def run(tiny_model, target: Path, **tracking):
+    return compress(
+        model=ModelArgs(model_id=str(tiny_model)),
+        dataset=DatasetArgs(dataset_name="python_docs", text_samples=16, max_seq_len=64),
+        recipe=RecipeArgs(recipe="W4A16", recipe_args={"dampening_frac": 0.02}),
+        output=OutputArgs(save_directory=str(target), tags=["nightly", "w4a16"]),
+        tracking=TrackingArgs(**tracking),
+    )
+
+
+def offline_session(published) -> Path:
+    mode, _, folder = published.tracking.partition(": ")
+    assert mode == "offline", published.tracking
+    return Path(folder.split(";")[0])
+
+
+def hyperparams(session: Path) -> dict[str, dict[str, str]]:
+    task = json.loads((session / "task.json").read_text())
+    return {
+        section: {name: item["value"] for name, item in values.items()}
+        for section, values in task["hyperparams"].items()
+    }
+
+
+def test_one_offline_task_holds_every_stage(tiny_model, tmp_path):
+    published = run(tiny_model, tmp_path / "out", task_name="tracking test")
+    session = offline_session(published)
+    task = json.loads((session / "task.json").read_text())
+    assert task["name"] == "tracking test"
+    assert {"nightly", "w4a16"} <= set(task["tags"])
+    assert any(tag.startswith("prefect-flow-run:") for tag in task["tags"])
+    assert "Prefect flow run" in task["comment"]
+
+    params = hyperparams(session)
+    assert params["model"]["identity"].startswith("sha256:")
+    assert int(params["model"]["parameters"]) > 0
+    assert params["dataset"]["source"] == "shortcut:python_docs"
+    assert int(params["dataset"]["samples"]) == 16
+    assert params["recipe_args"]["dampening_frac"] == "0.02"
+    assert params["traceability"]["subgraphs"] == "3"
+    assert params["dataset args"]["text_samples"] == "16"
+    assert "GPTQModifier" in task["configuration"]["recipe"]["value"]
+
+    # Each line is one batch of reported events.
+    lines = (session / "metrics.jsonl").read_text().splitlines()
+    metrics = [event for line in lines for event in json.loads(line)]
+    errors = [m for m in metrics if m.get("metric") == "quantization error by layer"]
+    assert {m["variant"] for m in errors} >= {"q_proj", "down_proj"}
+    assert {m["iter"] for m in errors} == {0, 1}, "one point per layer"
+
+    artifacts = {a["key"] for a in task["execution"]["artifacts"]}
+    assert {"manifest", "recipe", "compressed-model"} <= artifacts
+
+
+def test_cache_hits_still_log_their_stage(tiny_model, tmp_path):
+    run(tiny_model, tmp_path / "first")
+    second = run(tiny_model, tmp_path / "first")
+    assert second.reused
+    params = hyperparams(offline_session(second))
+    assert params["model"]["identity"].startswith("sha256:")
+    assert params["dataset"]["fingerprint"]
+
+
+def all_text_under(folder: Path) -> str:
+    return "\n".join(p.read_bytes().decode("latin-1") for p in folder.rglob("*") if p.is_file())
+
+
+@pytest.fixture()
+def silent_server():
+    """A port that accepts connections and never answers: the worst kind of outage."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    accepted = []
+    stop = threading.Event()
+
+    def accept():
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    for conn in accepted:
+        conn.close()
+    listener.close()
+
+
+def test_unreachable_server_still_publishes_in_bounded_time_without_leaking_keys(
+    tiny_model, tmp_path, silent_server, monkeypatch, capfd
+):
+    monkeypatch.delenv("CLEARML_OFFLINE_MODE")
+    ClearMLSettings(
+        api_host=silent_server,
+        web_host=silent_server,
+        files_host=silent_server,
+        access_key=SecretStr(ACCESS_KEY),
+        secret_key=SecretStr(SECRET_KEY),
+        connect_timeout_seconds=2,
+    ).save("unreachable-clearml", overwrite=True)
+
+    started = time.perf_counter()
+    published = run(tiny_model, tmp_path / "out", clearml_block="unreachable-clearml")
+    assert time.perf_counter() - started < 120
+    assert "unreachable" in published.tracking and "logged offline instead" in published.tracking
+    assert Path(published.path, "manifest.json").exists()
+
+    session = offline_session(published)
+    printed = capfd.readouterr()
+    for text in (
+        printed.out + printed.err,
+        all_text_under(session),
+        all_text_under(Path(published.path)),
+        published.model_dump_json(),
+    ):
+        assert ACCESS_KEY not in text and SECRET_KEY not in text
