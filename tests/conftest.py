@@ -49,3 +49,23 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture()
+def clearml_params():
+    """A real offline ClearML task open for one test; returns a reader of its hyperparameters."""
+    import json
+
+    from tasks.tracking import open_run
+
+    with open_run("compressflow-tests", "unit test", tags=[]) as tracker:
+        session = Path(tracker.location)
+
+        def read() -> dict[str, dict[str, str]]:
+            task = json.loads((session / "task.json").read_text())
+            return {
+                section: {name: item["value"] for name, item in values.items()}
+                for section, values in (task.get("hyperparams") or {}).items()
+            }
+
+        yield read

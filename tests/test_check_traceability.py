@@ -19,7 +19,6 @@ from transformers import (
 from transformers.modeling_outputs import CausalLMOutput
 
 from flows.params import RecipeArgs
-from tasks import tracking
 from tasks.build_dataset import BuiltDataset
 from tasks.check_traceability import TraceReport, check_traceability, trace_config
 from tasks.errors import TraceabilityError
@@ -59,31 +58,7 @@ def built_dataset(tiny_model, tmp_path_factory) -> BuiltDataset:
     )
 
 
-class _FakeTask:
-    """Records what the stage connects, standing in for a ClearML task."""
-
-    def __init__(self):
-        self.params: dict[str, dict] = {}
-        self.texts: list[str] = []
-
-    def connect(self, values, name):
-        self.params[name] = values
-
-    def get_logger(self):
-        return self
-
-    def report_text(self, message):
-        self.texts.append(message)
-
-
-@pytest.fixture
-def fake_task(monkeypatch) -> _FakeTask:
-    task = _FakeTask()
-    monkeypatch.setattr(tracking, "current", lambda: tracking.Tracker(task=task))
-    return task
-
-
-def test_tiny_llama_traces_into_layers_plus_one(tiny_model, built_dataset, fake_task):
+def test_tiny_llama_traces_into_layers_plus_one(tiny_model, built_dataset, clearml_params):
     report = check_traceability.fn(
         _fetched(tiny_model), _recipe("sequential"), built_dataset, RecipeArgs()
     )
@@ -92,8 +67,8 @@ def test_tiny_llama_traces_into_layers_plus_one(tiny_model, built_dataset, fake_
     assert report.sequential_targets == ["LlamaDecoderLayer"]
     assert "create_causal_mask" in report.tracing_ignore  # llm-compressor's default list
     assert report.peak_rss_mb > 0
-    assert fake_task.params["traceability"]["checked"] is True
-    assert fake_task.params["traceability"]["subgraphs"] == 3
+    assert clearml_params()["traceability"]["checked"] == "True"
+    assert clearml_params()["traceability"]["subgraphs"] == "3"
 
 
 @pytest.mark.parametrize(
@@ -103,21 +78,21 @@ def test_tiny_llama_traces_into_layers_plus_one(tiny_model, built_dataset, fake_
         ("basic", True, "basic pipeline"),
     ],
 )
-def test_non_sequential_pipelines_skip(tiny_model, fake_task, pipeline, needs_data, why):
+def test_non_sequential_pipelines_skip(tiny_model, clearml_params, pipeline, needs_data, why):
     report = check_traceability.fn(
         _fetched(tiny_model), _recipe(pipeline, needs_data), None, RecipeArgs()
     )
     assert report == TraceReport(checked=False, reason=report.reason)
     assert why in report.reason
-    assert fake_task.params["traceability"]["checked"] is False
+    assert clearml_params()["traceability"]["checked"] == "False"
 
 
-def test_unknown_sequential_target_names_the_decoder_layer(tiny_model, built_dataset, fake_task):
+def test_unknown_sequential_target_names_the_decoder_layer(tiny_model, built_dataset, clearml_params):
     args = RecipeArgs(sequential_targets=["NoSuchLayer"])
     with pytest.raises(TraceabilityError, match="NoSuchLayer") as info:
         check_traceability.fn(_fetched(tiny_model), _recipe("sequential"), built_dataset, args)
     assert "LlamaDecoderLayer" in str(info.value)
-    assert "NoSuchLayer" in fake_task.params["traceability"]["error"]
+    assert "NoSuchLayer" in clearml_params()["traceability"]["error"]
 
 
 def test_sequential_without_data_is_refused(tiny_model):

@@ -16,7 +16,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flows.params import RecipeArgs
-from tasks import tracking
 from tasks.errors import RecipeError
 from tasks.recipe_presets import PRESETS
 from tasks.render_recipe import find_placeholders, render_recipe, substitute
@@ -384,7 +383,7 @@ def test_recipes_that_would_lose_modifiers_are_refused(recipe):
         render(recipe)
 
 
-# ---------------------------------------------------------------- pipeline and tracking
+# ---------------------------------------------------------------- pipeline
 
 
 @pytest.mark.parametrize(
@@ -404,21 +403,6 @@ def test_effective_pipeline(recipe, asked, effective):
 def test_datafree_pipeline_for_a_data_recipe_is_kept_with_a_note():
     result = render("W4A16", pipeline="datafree")
     assert result.pipeline == "datafree" and any("datafree" in n for n in result.notes)
-
-
-def test_logs_recipe_and_args_to_clearml(monkeypatch):
-    calls = []
-
-    class FakeTask:
-        def connect_configuration(self, configuration, name, description):
-            calls.append(("configuration", name, configuration))
-
-        def connect(self, values, name):
-            calls.append(("params", name, values))
-
-    monkeypatch.setattr(tracking, "current", lambda: tracking.Tracker(task=FakeTask()))
-    result = render(SEED_RECIPE, recipe_args=SEED_ARGS)
-    assert calls == [("configuration", "recipe", result.yaml), ("params", "recipe_args", SEED_ARGS)]
 
 
 # ---------------------------------------------------------------- properties
