@@ -104,6 +104,8 @@ def build_dataset(
 def build(args: DatasetArgs, model: FetchedModel) -> BuiltDataset:
     """Load, sample, render and tokenize; cheap checks on the model run before any data loads."""
     check_max_seq_len(args, model)
+    if args.data_collator:  # used only at calibration: check it now, before weights load
+        import_callable(args.data_collator, "dataset.data_collator", DatasetError, call_with=([],))
     processor = load_vision_processor(args, model) if args.vision_samples else None
     tokenizer = load_tokenizer(model)
     # Before tokenizing: transformers leaves truncation settings on the tokenizer's backend.
@@ -222,7 +224,7 @@ def load_source(args: DatasetArgs):
                 "pick a text dataset, or pass a dataset_loader returning processor-ready rows",
             )
         if "local_rows" in entry:
-            rows = import_callable(entry["local_rows"], "dataset.dataset_name", DatasetError)()
+            rows = import_callable(entry["local_rows"], "dataset.dataset_name", DatasetError, trusted=True)()
             return datasets.Dataset.from_dict({"text": rows}), f"shortcut:{shortcut}", entry
         split = args.split or entry["split"]
         split = entry.get("split_aliases", {}).get(split, split)
@@ -329,7 +331,7 @@ def call_loader(spec: str, args: DatasetArgs):
     import datasets
 
     field = "dataset.dataset_loader"
-    result = import_callable(spec, field, DatasetError)(args)
+    result = import_callable(spec, field, DatasetError, call_with=(args,))(args)
     if not isinstance(result, datasets.Dataset):
         raise DatasetError(
             field,

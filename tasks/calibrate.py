@@ -23,6 +23,7 @@ from tasks import tracking
 from tasks.build_dataset import BuiltDataset
 from tasks.fetch_model import FetchedModel, folder_size
 from tasks.imports import import_callable
+from tasks.progress import sequential_passes, subgraphs_per_pass, watch_calibration
 from tasks.render_recipe import RenderedRecipe
 
 
@@ -107,7 +108,7 @@ def calibrate(
             shuffle_calibration_samples=False,  # sampled (seeded) by the dataset stage
         )
     if data_collator:
-        kwargs["data_collator"] = import_callable(data_collator, "dataset.data_collator")
+        kwargs["data_collator"] = import_callable(data_collator, "dataset.data_collator", call_with=([],))
     if args.pipeline:
         kwargs["pipeline"] = args.pipeline
     if args.sequential_targets:
@@ -118,8 +119,10 @@ def calibrate(
     sink = ModuleMetricSink()
     sink_id = loguru_logger.add(sink, level="DEBUG", format="{message}")
     started = time.perf_counter()
+    passes = sequential_passes(recipe.yaml, args.pipeline) if dataset is not None else 0
     try:
-        oneshot(model=loaded, processor=processor, recipe=recipe.yaml, **kwargs)
+        with watch_calibration(subgraphs_per_pass(loaded, args.sequential_targets), passes):
+            oneshot(model=loaded, processor=processor, recipe=recipe.yaml, **kwargs)
     finally:
         loguru_logger.remove(sink_id)
     seconds = time.perf_counter() - started

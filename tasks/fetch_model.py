@@ -30,6 +30,8 @@ from tasks.errors import ModelFetchError
 # Weight formats we never calibrate from; skipping them halves downloads of repos that ship both
 # safetensors and consolidated checkpoints (e.g. Llama's original/ folder).
 HUB_IGNORE_PATTERNS = ["original/*", "*.pth", "*.gguf", "*.msgpack", "*.h5", "*.onnx", "*.ot"]
+# What validation needs: config, tokenizer, processor and remote code, never weights.
+HUB_CONFIG_PATTERNS = ["*.json", "*.jinja", "*.model", "*.txt", "*.tiktoken", "*.py"]
 
 
 class FetchedModel(BaseModel):
@@ -124,7 +126,7 @@ def hub_token(block_name: str | None) -> str | None:
         ) from exc
 
 
-def fetch_from_hub(args: ModelArgs) -> tuple[Path, str]:
+def fetch_from_hub(args: ModelArgs, weights: bool = True) -> tuple[Path, str]:
     """Snapshot download at `args.revision`; returns the folder and the resolved commit sha."""
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import (
@@ -141,6 +143,7 @@ def fetch_from_hub(args: ModelArgs) -> tuple[Path, str]:
             revision=revision,
             token=hub_token(args.hub_token_block),
             ignore_patterns=HUB_IGNORE_PATTERNS,
+            allow_patterns=None if weights else HUB_CONFIG_PATTERNS,
             # Offline, a commit-sha revision would still try the network: look in the cache.
             local_files_only=constants.is_offline_mode(),
         )
@@ -209,8 +212,11 @@ def is_transient(task, task_run, state) -> bool:
     return isinstance(exc, (ConnectionError, TimeoutError, OSError))
 
 
-def fetch(args: ModelArgs) -> FetchedModel:
-    """Resolve `args` to a local folder; the logic behind the `fetch model` task."""
+def fetch(args: ModelArgs, weights: bool = True) -> FetchedModel:
+    """Resolve `args` to a local folder; the logic behind the `fetch model` task.
+
+    With `weights=False` (validation) a hub model is fetched without its weight files.
+    """
     revision_resolved = None
     if args.clearml_model:
         source, path = "clearml", fetch_from_clearml(args)
@@ -224,7 +230,7 @@ def fetch(args: ModelArgs) -> FetchedModel:
         )
     else:
         source = "hub"
-        path, revision_resolved = fetch_from_hub(args)
+        path, revision_resolved = fetch_from_hub(args, weights)
     check_config(path, args)
     if source == "hub":
         identity = f"hub:{args.model_id}@{revision_resolved}"

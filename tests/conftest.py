@@ -26,6 +26,8 @@ os.environ.update(
     HF_HOME=str(_ROOT / "hf"),
     HF_HUB_OFFLINE="1",
     TOKENIZERS_PARALLELISM="false",
+    # The test modules that define custom loaders and collators.
+    COMPRESSFLOW_ALLOWED_IMPORTS="test_build_dataset,test_validate",
 )
 
 

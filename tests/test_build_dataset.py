@@ -315,10 +315,16 @@ def test_uncached_shortcut_says_how_to_fill_the_cache(model):
     assert "HuggingFaceH4/ultrachat_200k" in str(err.value) and "python_docs" in str(err.value)
 
 
+def two_argument_loader(args, extra):
+    raise AssertionError("never called: the signature check refuses it first")
+
+
 @pytest.mark.parametrize(
     "loader, words",
     [
-        ("no_such_module_xyz:load", ["cannot import", "no_such_module_xyz"]),
+        (f"{__name__}.no_such_module:load", ["cannot import", "no_such_module"]),
+        ("os:getcwd", ["allow-list", "COMPRESSFLOW_ALLOWED_IMPORTS"]),
+        (f"{__name__}:two_argument_loader", ["cannot be called with 1 argument"]),
         (f"{__name__}:missing_function", ["missing_function", "does not exist"]),
         (f"{__name__}:NOT_CALLABLE", ["NOT_CALLABLE", "of type int", "not a callable"]),
         (f"{__name__}:dict_loader", ["dict_loader", "returned a dict", "datasets.Dataset"]),
