@@ -44,6 +44,22 @@ def tiny_model(test_root) -> Path:
     return build_tiny_llama(test_root / "tiny-llama")
 
 
+HUB_SHA = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture()
+def hub_cache(tiny_model, test_root):
+    """The tiny model laid out in HF_HOME exactly as huggingface_hub caches `acme/tiny-llama`."""
+    import shutil
+
+    repo = test_root / "hf" / "hub" / "models--acme--tiny-llama"
+    if not repo.exists():
+        shutil.copytree(tiny_model, repo / "snapshots" / HUB_SHA)
+        (repo / "refs").mkdir(parents=True)
+        (repo / "refs" / "main").write_text(HUB_SHA)
+    return repo
+
+
 @pytest.fixture(scope="session")
 def prefect_harness():
     """One Prefect test server for the session (it takes ~11 s to start)."""

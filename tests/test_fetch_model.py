@@ -13,18 +13,7 @@ from tasks.caching import stat_signature
 from tasks.errors import ModelFetchError
 from tasks.fetch_model import fetch
 
-SHA = "0123456789abcdef0123456789abcdef01234567"
-
-
-@pytest.fixture()
-def hub_cache(tiny_model, test_root):
-    """The tiny model laid out in HF_HOME exactly as huggingface_hub caches `acme/tiny-llama`."""
-    repo = test_root / "hf" / "hub" / "models--acme--tiny-llama"
-    if not repo.exists():
-        shutil.copytree(tiny_model, repo / "snapshots" / SHA)
-        (repo / "refs").mkdir(parents=True)
-        (repo / "refs" / "main").write_text(SHA)
-    return repo
+from conftest import HUB_SHA as SHA
 
 
 def copy_model(tiny_model: Path, tmp_path: Path, **config_changes) -> Path:

@@ -23,11 +23,12 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 ACCESS_KEY = "ACCESSKEY-5f1d2c3b-do-not-leak"
 SECRET_KEY = "SECRETKEY-9a8b7c6d-do-not-leak"
+HUB_TOKEN = "hf_TOKEN3e4f5a6b-do-not-leak"
 
 
-def run(tiny_model, target: Path, **tracking):
+def run(tiny_model, target: Path, model: ModelArgs | None = None, **tracking):
     return compress(
-        model=ModelArgs(model_id=str(tiny_model)),
+        model=model or ModelArgs(model_id=str(tiny_model)),
         dataset=DatasetArgs(dataset_name="python_docs", text_samples=16, max_seq_len=64),
         recipe=RecipeArgs(recipe="W4A16", recipe_args={"dampening_frac": 0.02}),
         output=OutputArgs(save_directory=str(target), tags=["nightly", "w4a16"]),
@@ -120,9 +121,13 @@ def silent_server():
 
 
 def test_unreachable_server_still_publishes_in_bounded_time_without_leaking_keys(
-    tiny_model, tmp_path, silent_server, monkeypatch, capfd
+    tiny_model, hub_cache, tmp_path, silent_server, monkeypatch, capfd
 ):
+    from prefect.blocks.system import Secret
+
     monkeypatch.delenv("CLEARML_OFFLINE_MODE")
+    monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
+    Secret(value=HUB_TOKEN).save("hub-token", overwrite=True)
     ClearMLSettings(
         api_host=silent_server,
         web_host=silent_server,
@@ -133,7 +138,8 @@ def test_unreachable_server_still_publishes_in_bounded_time_without_leaking_keys
     ).save("unreachable-clearml", overwrite=True)
 
     started = time.perf_counter()
-    published = run(tiny_model, tmp_path / "out", clearml_block="unreachable-clearml")
+    hub_model = ModelArgs(model_id="acme/tiny-llama", hub_token_block="hub-token")
+    published = run(tiny_model, tmp_path / "out", hub_model, clearml_block="unreachable-clearml")
     assert time.perf_counter() - started < 120
     assert "unreachable" in published.tracking and "logged offline instead" in published.tracking
     assert Path(published.path, "manifest.json").exists()
@@ -146,4 +152,5 @@ def test_unreachable_server_still_publishes_in_bounded_time_without_leaking_keys
         all_text_under(Path(published.path)),
         published.model_dump_json(),
     ):
-        assert ACCESS_KEY not in text and SECRET_KEY not in text
+        for secret in (ACCESS_KEY, SECRET_KEY, HUB_TOKEN):
+            assert secret not in text
