@@ -1,0 +1,93 @@
+"""Shared pieces of the benchmarks: long local texts, measured child processes, result lines.
+
+Every variant a benchmark compares runs as a whole separate process started here, so its wall
+time includes the imports and start-up a user pays, and its peak RSS is that process's own
+(`os.wait4` returns the rusage of exactly the child it waited for).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tasks.local_text import python_docs
+
+REPO = Path(__file__).resolve().parent.parent
+RESULT_PREFIX = "BENCH_RESULT "
+
+
+def long_texts(tokenizer, samples: int, tokens: int) -> list[str]:
+    """`samples` texts that each tokenize to at least `tokens` tokens with `tokenizer`.
+
+    The standard library's docstrings, joined and cut into consecutive windows of the token
+    stream (wrapping around: 512 x 2048 tokens is about ten times the text there is). Each window
+    is 10% longer than asked, since decoding and re-encoding may merge a few tokens differently.
+    """
+    stream = tokenizer("\n\n".join(python_docs()), add_special_tokens=False)["input_ids"]
+    window = tokens + tokens // 10 + 8
+    texts = []
+    for k in range(samples):
+        start = (k * window) % len(stream)
+        ids = (stream[start:] + stream)[:window]
+        texts.append(tokenizer.decode(ids))
+    return texts
+
+
+def write_jsonl(path: Path, texts: list[str]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return path
+
+
+@dataclass
+class ChildRun:
+    wall_s: float
+    cpu_s: float  # user + system: less disturbed than wall time by other work on the machine
+    peak_rss_mb: float
+    load_before: float  # 1-minute load average when the child started
+    result: dict
+
+
+def run_child(args: list[str], env: dict[str, str], log_path: Path) -> ChildRun:
+    """Run `python -m <args>` to completion; its wall time, its own peak RSS, its result line."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    load_before = os.getloadavg()[0]
+    with log_path.open("w") as log:
+        started = time.perf_counter()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", *args], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4, not by Popen
+    output = log_path.read_text(errors="replace")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} exited {proc.returncode}; log {log_path}:\n"
+                           f"{output[-4000:]}")  # fmt: skip
+    result = next(
+        (json.loads(line[len(RESULT_PREFIX):]) for line in output.splitlines()
+         if line.startswith(RESULT_PREFIX)),
+        {},
+    )  # fmt: skip
+    return ChildRun(
+        wall_s=wall,
+        cpu_s=usage.ru_utime + usage.ru_stime,
+        peak_rss_mb=usage.ru_maxrss / 1024,
+        load_before=load_before,
+        result=result,
+    )
+
+
+def print_result(result: dict) -> None:
+    """Child side of `run_child`: one marked JSON line on stdout."""
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+def median(values) -> float:
+    return statistics.median(values)

@@ -1,0 +1,312 @@
+"""Benchmark: a bare llm-compressor `oneshot()` script against the compress-model flow.
+
+Same model, same texts, same recipe (the W4A16 preset), each variant a whole separate process:
+
+- bare:        what a user's plain script does: load model and tokenizer, tokenize the texts to
+               max_seq_len, `oneshot`, `save_pretrained(save_compressed=True)`;
+- flow cold:   `flows.compress.compress(...)` with a new cache and output folder, against an
+               already running local Prefect server (as deployments run), ClearML offline;
+- flow warm:   the same call again, same inputs, same folders;
+- flow cold / warm (temporary server): the same two without PREFECT_API_URL, so each process
+               starts Prefect's temporary local server, as a plain `python script.py` does.
+
+Wall time is the whole process, start to exit; peak RSS is that process's own (`os.wait4`). The
+temporary server is a child of the flow process and is not in its peak RSS. Medians over
+`--repeats` rounds; the variants are interleaved within each round.
+
+    python -m benchmarks.flow_vs_bare [--repeats 3] [--samples 128] [--max-seq-len 256]
+
+Targets: cold flow/bare wall <= 1.10, flow/bare peak RSS <= 1.10, warm <= 10% of cold (the
+running-server case). Exits 1 when one is missed. The model is a random-weight Llama from
+`demo.assets` (6 layers, 768 wide) whose bare calibration takes over 60 s on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from benchmarks.common import ChildRun, long_texts, median, print_result, run_child, write_jsonl
+
+TARGET_WALL_RATIO = 1.10
+TARGET_RSS_RATIO = 1.10
+TARGET_WARM_RATIO = 0.10
+PRESET = "W4A16"
+MODULE = "benchmarks.flow_vs_bare"
+
+
+def model_spec():
+    from demo.assets import TinyLlamaSpec
+
+    return TinyLlamaSpec(
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=6,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+    )
+
+
+# --- children -----------------------------------------------------------------------------------
+
+
+def bare_child(args) -> None:
+    """A user's plain script, timed by phase so overhead can be placed."""
+    phases = {}
+    started = time.perf_counter()
+    from datasets import load_dataset
+    from llmcompressor import oneshot
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    phases["imports"] = time.perf_counter() - started
+    mark = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype="auto")
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    phases["load"] = time.perf_counter() - mark
+
+    mark = time.perf_counter()
+    dataset = load_dataset("json", data_files=args.data, split="train")
+    dataset = dataset.map(
+        lambda batch: tokenizer(batch["text"], max_length=args.max_seq_len, truncation=True),
+        batched=True,
+        remove_columns=dataset.column_names,
+    )
+    phases["dataset"] = time.perf_counter() - mark
+
+    mark = time.perf_counter()
+    oneshot(
+        model=model,
+        processor=tokenizer,
+        dataset=dataset,
+        recipe=Path(args.recipe_file).read_text(),
+        num_calibration_samples=args.samples,
+        max_seq_length=args.max_seq_len,
+    )
+    phases["oneshot"] = time.perf_counter() - mark
+
+    mark = time.perf_counter()
+    model.save_pretrained(args.out, save_compressed=True)
+    tokenizer.save_pretrained(args.out)
+    phases["save"] = time.perf_counter() - mark
+    print_result({"phases": phases})
+
+
+def flow_child(args) -> None:
+    started = time.perf_counter()
+    from flows.compress import compress
+    from flows.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
+
+    imports = time.perf_counter() - started
+    mark = time.perf_counter()
+    published = compress(
+        model=ModelArgs(model_id=args.model),
+        dataset=DatasetArgs(
+            dataset_name=args.data, text_samples=args.samples, max_seq_len=args.max_seq_len
+        ),
+        recipe=RecipeArgs(recipe=PRESET),
+        output=OutputArgs(save_directory=args.out),
+    )
+    phases = {"imports": imports, "flow call": time.perf_counter() - mark}
+    phases.update({s.name: s.seconds for s in published.stages})
+    print_result({"phases": phases, "reused": published.reused})
+
+
+# --- parent -------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(home: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    """`prefect server start` on a free port with its own PREFECT_HOME; waits until healthy."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    log = (home / "server.log").open("w")
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "prefect"), "server", "start",
+         "--host", "127.0.0.1", "--port", str(port)],
+        env={**env, "PREFECT_HOME": str(home)}, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"prefect server exited {proc.returncode}; see {home}/server.log")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2):
+                return proc, url
+        except OSError:
+            time.sleep(0.5)
+    stop_server(proc)
+    raise RuntimeError(f"prefect server did not become healthy in 180 s; see {home}/server.log")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def prepare(work: Path, samples: int, max_seq_len: int) -> tuple[Path, Path, Path]:
+    """The model, the texts (each reaching max_seq_len tokens) and the rendered recipe."""
+    from transformers import AutoTokenizer
+
+    from demo.assets import build_tiny_llama
+    from flows.params import RecipeArgs
+    from tasks.render_recipe import render
+
+    model = build_tiny_llama(work / "model", model_spec())
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    data = write_jsonl(work / "data.jsonl", long_texts(tokenizer, samples, max_seq_len))
+    recipe = work / "recipe.yaml"
+    recipe.write_text(render(RecipeArgs(recipe=PRESET)).yaml)  # what the flow's preset renders to
+    return model, data, recipe
+
+
+def base_env(work: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "CLEARML_"))}
+    env.update(
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120",
+        CLEARML_OFFLINE_MODE="1",
+        HF_HUB_OFFLINE="1",
+        HF_HOME=str(work / "hf"),
+    )
+    return env
+
+
+def flow_env(env: dict[str, str], folder: Path, api_url: str | None) -> dict[str, str]:
+    """Own cache, Prefect home (local result storage) and ClearML folder: cold on first use."""
+    (folder / "prefect-home").mkdir(parents=True, exist_ok=True)  # Prefect makes no parents
+    env = {
+        **env,
+        "COMPRESSFLOW_CACHE_DIR": str(folder / "cache"),
+        "PREFECT_HOME": str(folder / "prefect-home"),
+        "CLEARML_CACHE_DIR": str(folder / "clearml"),
+    }
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
+    return env
+
+
+def child_args(kind: str, model: Path, data: Path, recipe: Path, out: Path, args) -> list[str]:
+    return [MODULE, "--child", kind, "--model", str(model), "--data", str(data),
+            "--recipe-file", str(recipe), "--out", str(out), "--samples", str(args.samples),
+            "--max-seq-len", str(args.max_seq_len)]  # fmt: skip
+
+
+def run_round(r: int, work: Path, inputs, env, api_url, args) -> dict[str, ChildRun]:
+    model, data, recipe = inputs
+    folder = work / f"round-{r}"
+    runs: dict[str, ChildRun] = {}
+
+    def run(name: str, kind: str, out: Path, child_env: dict[str, str]) -> None:
+        runs[name] = run_child(
+            child_args(kind, model, data, recipe, out, args), child_env, folder / f"{name.replace(' ', '-').strip('()')}.log"
+        )
+        phases = ", ".join(f"{k} {v:.1f}" for k, v in runs[name].result.get("phases", {}).items())
+        run_ = runs[name]
+        print(f"  round {r} {name:<24} {run_.wall_s:6.1f} s wall {run_.cpu_s:6.1f} s CPU "
+              f"{run_.peak_rss_mb:5.0f} MB  load {run_.load_before:.1f}  ({phases})", flush=True)  # fmt: skip
+
+    run("bare", "bare", folder / "bare-out", env)
+    server_env = flow_env(env, folder / "server", api_url)
+    run("flow cold", "flow", folder / "server" / "out", server_env)
+    run("flow warm", "flow", folder / "server" / "out", server_env)
+    if args.temporary_server:
+        temp_env = flow_env(env, folder / "temp", None)
+        run("flow cold (temp server)", "flow", folder / "temp" / "out", temp_env)
+        run("flow warm (temp server)", "flow", folder / "temp" / "out", temp_env)
+    if not runs["flow warm"].result.get("reused"):
+        raise RuntimeError(f"round {r}: the warm run calibrated again; see {folder}")
+    return runs
+
+
+def report(rounds: list[dict[str, ChildRun]]) -> bool:
+    names = list(rounds[0])
+    wall = {n: median(r[n].wall_s for r in rounds) for n in names}
+    cpu = {n: median(r[n].cpu_s for r in rounds) for n in names}
+    rss = {n: median(r[n].peak_rss_mb for r in rounds) for n in names}
+    print(f"\nmedians of {len(rounds)} round(s)")
+    print(f"{'variant':<24} {'wall s':>8} {'CPU s':>8} {'peak RSS MB':>12}")
+    for n in names:
+        print(f"{n:<24} {wall[n]:>8.1f} {cpu[n]:>8.1f} {rss[n]:>12.0f}")
+
+    targets = [
+        ("cold flow/bare wall", wall["flow cold"] / wall["bare"], TARGET_WALL_RATIO),
+        ("cold flow/bare peak RSS", rss["flow cold"] / rss["bare"], TARGET_RSS_RATIO),
+        ("warm/cold wall", wall["flow warm"] / wall["flow cold"], TARGET_WARM_RATIO),
+    ]
+    reference = [("cold flow/bare CPU", cpu["flow cold"] / cpu["bare"], TARGET_WALL_RATIO)]
+    if "flow cold (temp server)" in wall:
+        cold, warm = wall["flow cold (temp server)"], wall["flow warm (temp server)"]
+        reference += [
+            ("temp server: cold flow/bare wall", cold / wall["bare"], TARGET_WALL_RATIO),
+            ("temp server: cold flow/bare RSS", rss["flow cold (temp server)"] / rss["bare"],
+             TARGET_RSS_RATIO),
+            ("temp server: warm/cold wall", warm / cold, TARGET_WARM_RATIO),
+        ]  # fmt: skip
+    print(f"\n{'ratio':<34} {'value':>6} {'target':>7}")
+    for label, value, target in targets + reference:
+        print(f"{label:<34} {value:>6.3f} {'<=' + format(target, '.2f'):>7}  "
+              f"{'met' if value <= target else 'MISSED'}")  # fmt: skip
+    print("(targets: the first three; CPU and temporary-server ratios are for reference)")
+    all_met = all(value <= target for _, value, target in targets)
+    return all_met
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=128)
+    parser.add_argument("--max-seq-len", type=int, default=256)
+    parser.add_argument("--workdir", help="keep everything here (default: a temporary folder)")
+    parser.add_argument(
+        "--no-temporary-server", dest="temporary_server", action="store_false",
+        help="skip the variants that start Prefect's temporary server",
+    )  # fmt: skip
+    parser.add_argument("--child", choices=["bare", "flow"], help=argparse.SUPPRESS)
+    for name in ("--model", "--data", "--recipe-file", "--out"):
+        parser.add_argument(name, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        (bare_child if args.child == "bare" else flow_child)(args)
+        return 0
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="compressflow-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"work folder {work}; {args.samples} samples x {args.max_seq_len} tokens, {PRESET}, "
+          f"model {model_spec()}", flush=True)  # fmt: skip
+    inputs = prepare(work, args.samples, args.max_seq_len)
+    env = base_env(work)
+    server_home = work / "prefect-server"
+    server_home.mkdir(exist_ok=True)
+    started = time.perf_counter()
+    server, api_url = start_server(server_home, env)
+    print(f"prefect server at {api_url} (healthy after {time.perf_counter() - started:.1f} s)")
+    try:
+        rounds = [run_round(r, work, inputs, env, api_url, args) for r in range(1, args.repeats + 1)]
+    finally:
+        stop_server(server)
+    met = report(rounds)
+    if not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
