@@ -18,8 +18,10 @@ from tasks.tracking import track_flow_run
 from tasks.build_dataset import build_dataset
 from tasks.calibrate import calibrate
 from tasks.check_traceability import check_traceability
+from tasks.disk_space import check_free_space
 from tasks.events import emit_published
 from tasks.fetch_model import fetch_model
+from tasks.output_lock import output_lock
 from tasks.publish import (
     PublishedModel,
     check_target,
@@ -73,29 +75,33 @@ def run_stages(
 
     key = run_key(fetched, built, rendered, recipe, output)
     target = output_path(output, fetched, rendered)
-    if existing := find_published(target, key):
-        log.info("Reusing %s: it was published from the same model, data and recipe", target)
-        return existing.model_copy(update={"stages": stages.records})
-    check_target(target, key, output.overwrite)
-    remove_stale_staging(target)
+    # One writer per output: a second run waits here, then reuses what the first published
+    # (same inputs) or is refused by check_target (another model).
+    with output_lock(target, log):
+        if existing := find_published(target, key):
+            log.info("Reusing %s: it was published from the same model, data and recipe", target)
+            return existing.model_copy(update={"stages": stages.records})
+        check_target(target, key, output.overwrite)
+        remove_stale_staging(target)
+        check_free_space(target.parent, fetched, rendered.scheme, output.save_compressed, log)
 
-    stages.run(check_traceability, fetched, rendered, built, recipe)
-    staging = staging_path(target)
-    try:
-        calibration = stages.run(
-            calibrate,
-            fetched,
-            built,
-            rendered,
-            recipe,
-            str(staging),
-            output.save_compressed,
-            dataset.data_collator,
-        )
-        published = stages.run(
-            publish, calibration, fetched, built, rendered, str(target), key, inputs, output,
-            stages.as_dicts(),
-        )  # fmt: skip
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)  # gone already when publishing succeeded
+        stages.run(check_traceability, fetched, rendered, built, recipe)
+        staging = staging_path(target)
+        try:
+            calibration = stages.run(
+                calibrate,
+                fetched,
+                built,
+                rendered,
+                recipe,
+                str(staging),
+                output.save_compressed,
+                dataset.data_collator,
+            )
+            published = stages.run(
+                publish, calibration, fetched, built, rendered, str(target), key, inputs, output,
+                stages.as_dicts(),
+            )  # fmt: skip
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)  # gone already when publishing succeeded
     return published.model_copy(update={"stages": stages.records})

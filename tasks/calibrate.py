@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 from flows.params import RecipeArgs
 from tasks import tracking
 from tasks.build_dataset import BuiltDataset
+from tasks.disk_space import disk_full_is_clear
 from tasks.fetch_model import FetchedModel, folder_size
 from tasks.imports import import_callable
 from tasks.progress import sequential_passes, subgraphs_per_pass, watch_calibration
@@ -128,8 +129,9 @@ def calibrate(
     seconds = time.perf_counter() - started
 
     staging = Path(staging_path)
-    loaded.save_pretrained(staging, save_compressed=save_compressed)
-    processor.save_pretrained(staging)
+    with disk_full_is_clear(staging):
+        loaded.save_pretrained(staging, save_compressed=save_compressed)
+        processor.save_pretrained(staging)
     result = Calibration(
         staging_path=str(staging),
         seconds=seconds,

@@ -25,13 +25,17 @@ from pydantic import BaseModel, Field
 from flows.params import ModelArgs
 from tasks import tracking
 from tasks.caching import CACHE_EXPIRATION, LocalSourceAware
-from tasks.errors import ModelFetchError
+from tasks.errors import CompressflowError, ModelFetchError
 
 # Weight formats we never calibrate from; skipping them halves downloads of repos that ship both
 # safetensors and consolidated checkpoints (e.g. Llama's original/ folder).
 HUB_IGNORE_PATTERNS = ["original/*", "*.pth", "*.gguf", "*.msgpack", "*.h5", "*.onnx", "*.ot"]
 # What validation needs: config, tokenizer, processor and remote code, never weights.
 HUB_CONFIG_PATTERNS = ["*.json", "*.jinja", "*.model", "*.txt", "*.tiktoken", "*.py"]
+
+
+class HubUnavailableError(CompressflowError, ConnectionError):
+    """The hub answered 5xx or 429, or could not be reached: transient, so the fetch retries."""
 
 
 class FetchedModel(BaseModel):
@@ -126,6 +130,36 @@ def hub_token(block_name: str | None) -> str | None:
         ) from exc
 
 
+def hub_outage(error: BaseException | None) -> str | None:
+    """How the hub failed, when `error` is it being down or unreachable rather than a mistake."""
+    import httpx
+    from huggingface_hub.errors import HfHubHTTPError
+
+    response = getattr(error, "response", None) if isinstance(error, HfHubHTTPError) else None
+    if response is not None and (response.status_code >= 500 or response.status_code == 429):
+        return f"answered {response.status_code} {response.reason_phrase}"
+    if isinstance(error, (httpx.ConnectError, httpx.TimeoutException)):
+        return f"could not be reached ({type(error).__name__}: {error})"
+    return None
+
+
+def hub_unavailable(args: ModelArgs, revision: str, outage: str) -> HubUnavailableError:
+    """The error for one failed try, saying whether the task retries or gives up."""
+    from huggingface_hub import constants
+    from prefect.context import TaskRunContext
+
+    context = TaskRunContext.get()
+    attempt = ""
+    if context is not None:
+        tries, total = context.task_run.run_count, context.task.retries + 1
+        attempt = f" on try {tries} of {total}" + ("; giving up" if tries >= total else "; retrying")
+    return HubUnavailableError(
+        f"model.model_id: the hub ({constants.ENDPOINT}) {outage} for {args.model_id}@{revision}"
+        f"{attempt}. Fix: retry later (https://status.huggingface.co), or download the model into "
+        "HF_HOME where the hub is reachable and set HF_HUB_OFFLINE=1, or pass a local folder"
+    )
+
+
 def fetch_from_hub(args: ModelArgs, weights: bool = True) -> tuple[Path, str]:
     """Snapshot download at `args.revision`; returns the folder and the resolved commit sha."""
     from huggingface_hub import constants, snapshot_download
@@ -166,6 +200,9 @@ def fetch_from_hub(args: ModelArgs, weights: bool = True) -> tuple[Path, str]:
             "use an existing branch, tag or commit sha",
         ) from exc
     except LocalEntryNotFoundError as exc:
+        # snapshot_download reports a hub outage as "not in the cache": tell them apart.
+        if outage := hub_outage(exc.__cause__):
+            raise hub_unavailable(args, revision, outage) from exc
         raise ModelFetchError(
             "model.model_id",
             f"{args.model_id}@{revision} is not in the local hub cache and the hub cannot be "

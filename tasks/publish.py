@@ -33,6 +33,7 @@ from flows.stages import StageRecord
 from tasks import tracking
 from tasks.build_dataset import BuiltDataset
 from tasks.calibrate import Calibration
+from tasks.disk_space import disk_full_is_clear
 from tasks.errors import PublishError
 from tasks.fetch_model import FetchedModel
 from tasks.render_recipe import RenderedRecipe
@@ -229,9 +230,10 @@ def publish(
         "modules": [m.model_dump() for m in calibration.modules],
         "tags": output.tags,
     }
-    (staging / "recipe.yaml").write_text(recipe.yaml)
-    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
-    seal(staging, target_path, output.overwrite)
+    with disk_full_is_clear(staging):
+        (staging / "recipe.yaml").write_text(recipe.yaml)
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        seal(staging, target_path, output.overwrite)
     published = published_model(target_path, manifest, reused=False)
 
     get_run_logger().info(
