@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from tasks import tracking
+from tasks.build_dataset import _run_logger  # the run logger, or a plain one outside a run
 
 log = logging.getLogger(__name__)
 
@@ -52,16 +53,6 @@ def sequential_passes(recipe_yaml: str, pipeline: str | None) -> int:
     if pipeline == "sequential":
         return 1
     return sum(m.requires_calibration_data for m in validate(yaml.safe_load(recipe_yaml)))
-
-
-def _run_logger():
-    from prefect.exceptions import MissingContextError
-    from prefect.logging import get_run_logger
-
-    try:
-        return get_run_logger()
-    except MissingContextError:  # called outside a flow run (tests, scripts)
-        return log
 
 
 @dataclass
