@@ -1,0 +1,116 @@
+"""evaluate-model on the tiny model: real Prefect, real compressed checkpoint, ClearML offline.
+
+One W4A16 compression is shared by the module. The held-out text must not contain the calibration
+samples, metrics must be finite and logged to Prefect and ClearML, and the quality gate must fail
+or flag the run as asked.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from flows.compress import compress
+from flows.evaluate import HeldOutArgs, LmEvalArgs, QualityGate, evaluate
+from flows.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
+from tasks.errors import InputError, ModelFetchError
+from tasks.evaluation import QualityThresholdExceeded, build_held_out, calibration_args
+from tasks.fetch_model import fetch
+from tasks.publish import read_manifest
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+CALIBRATION = DatasetArgs(dataset_name="python_docs", text_samples=16, max_seq_len=64)
+FEW = HeldOutArgs(samples=8, max_seq_len=128)
+
+
+@pytest.fixture(scope="module")
+def compressed(tiny_model, tmp_path_factory, prefect_harness) -> str:
+    return compress(
+        model=ModelArgs(model_id=str(tiny_model)),
+        dataset=CALIBRATION,
+        recipe=RecipeArgs(recipe="W4A16"),
+        output=OutputArgs(save_directory=str(tmp_path_factory.mktemp("eval") / "w4a16")),
+    ).path
+
+
+def test_metrics_of_a_compressed_model_against_the_base_in_its_manifest(compressed, tiny_model):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterKey,
+    )
+
+    report = evaluate(compressed=ModelArgs(model_id=compressed), held_out=FEW, return_state=True)
+    flow_run_id = report.state_details.flow_run_id
+    report = report.result()
+    m = report.metrics
+    assert report.passed and not report.breaches and report.scheme == "W4A16"
+    assert report.base_identity == fetch(ModelArgs(model_id=str(tiny_model))).identity
+    assert math.isfinite(m.base_perplexity) and math.isfinite(m.compressed_perplexity)
+    assert m.kl_divergence > 0 and 0 < m.top1_agreement <= 1
+    assert m.samples == FEW.samples and m.tokens > FEW.samples
+    assert report.excluded_calibration_samples == CALIBRATION.text_samples
+
+    with get_client(sync_client=True) as client:
+        (table,) = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]),
+                key=ArtifactFilterKey(any_=["evaluation-metrics"]),
+            )
+        )
+    rows = {row["metric"]: row for row in json.loads(table.data)}
+    assert rows["perplexity"]["compressed"] == pytest.approx(m.compressed_perplexity)
+
+    # ClearML offline session: the metrics were reported as single values.
+    session = Path(report.tracking.split(": ", 1)[1].split(";")[0])
+    reported = (session / "metrics.jsonl").read_text()
+    assert "kl_divergence" in reported and "perplexity" in reported
+
+
+def test_held_out_text_leaves_out_the_calibration_samples(compressed, tiny_model):
+    from datasets import load_from_disk
+
+    from tasks.build_dataset import build
+
+    base = fetch(ModelArgs(model_id=str(tiny_model)))
+    calibration = calibration_args(read_manifest(Path(compressed)))
+    assert calibration == CALIBRATION
+    # Same source, seed and length as calibration: without the exclusion it would draw the very
+    # same rows.
+    same_draw = HeldOutArgs(samples=16, max_seq_len=64, seed=CALIBRATION.seed).dataset_args()
+    held_out = build_held_out(same_draw, base, calibration)
+    calibrated = load_from_disk(build(CALIBRATION, base).path)["input_ids"]
+    assert held_out.excluded_calibration_samples == 16
+    assert len(held_out.input_ids) == 16
+    assert not {tuple(ids) for ids in held_out.input_ids} & {tuple(ids) for ids in calibrated}
+
+
+def test_gate_fails_the_run_when_a_threshold_is_passed(compressed):
+    gate = QualityGate(max_kl=0.0, on_threshold="fail")
+    with pytest.raises(QualityThresholdExceeded, match="KL divergence"):
+        evaluate(compressed=ModelArgs(model_id=compressed), held_out=FEW, gate=gate)
+
+
+def test_gate_flags_the_run_when_asked_to(compressed):
+    gate = QualityGate(max_perplexity_increase_pct=0.0, max_kl=None, on_threshold="flag")
+    report = evaluate(compressed=ModelArgs(model_id=compressed), held_out=FEW, gate=gate)
+    assert not report.passed
+    assert report.breaches and report.breaches[0].startswith("perplexity rose")
+
+
+def test_missing_compressed_model_fails_before_loading():
+    with pytest.raises(ModelFetchError, match="does not exist"):
+        evaluate(compressed=ModelArgs(model_id="/nowhere/model"))
+
+
+def test_lm_eval_tasks_without_lm_eval_fail_before_loading(compressed):
+    if importlib.util.find_spec("lm_eval"):
+        pytest.skip("lm-eval is installed here")
+    with pytest.raises(InputError, match="lm-eval is not installed"):
+        evaluate(compressed=ModelArgs(model_id=compressed), lm_eval=LmEvalArgs(tasks=["hellaswag"]))
