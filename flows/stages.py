@@ -39,7 +39,7 @@ class Stages:
                 result.path,
             )
             result, cached = stage.with_options(refresh_cache=True)(*args, **kwargs), False
-        elif cached:
+        elif cached and result is not None:
             tracking.log_result(result)  # the task body, which logs, did not run
         self.record(stage.name, time.perf_counter() - started, cached)
         return result
