@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 from flows.params import RecipeArgs
 from tasks import tracking
 from tasks.build_dataset import BuiltDataset
+from tasks.check_traceability import restored_torch_functions
 from tasks.disk_space import disk_full_is_clear
 from tasks.fetch_model import FetchedModel, folder_size
 from tasks.imports import import_callable
@@ -122,7 +123,10 @@ def calibrate(
     started = time.perf_counter()
     passes = sequential_passes(recipe.yaml, args.pipeline) if dataset is not None else 0
     try:
-        with watch_calibration(subgraphs_per_pass(loaded, args.sequential_targets), passes):
+        with (
+            restored_torch_functions(),  # the sequential pipeline traces too
+            watch_calibration(subgraphs_per_pass(loaded, args.sequential_targets), passes),
+        ):
             oneshot(model=loaded, processor=processor, recipe=recipe.yaml, **kwargs)
     finally:
         loguru_logger.remove(sink_id)

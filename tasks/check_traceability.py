@@ -15,6 +15,10 @@ import logging
 import resource
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import yaml
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +28,7 @@ from pydantic import BaseModel, Field
 from flows.params import RecipeArgs
 from tasks import tracking
 from tasks.build_dataset import BuiltDataset
-from tasks.errors import TraceabilityError
+from tasks.errors import RecipeError, TraceabilityError
 from tasks.fetch_model import FetchedModel
 from tasks.render_recipe import RenderedRecipe
 
@@ -109,6 +113,82 @@ def _failure_message(exc: BaseException, targets: list[str], ignore: list[str]) 
     )
 
 
+@contextmanager
+def restored_torch_functions() -> Iterator[None]:
+    """Put back the torch functions llm-compressor's tracer patches, however the trace ends.
+
+    In 0.14.0.1 `HFTracer.patch_for_tracing` restores them after a successful trace only: a
+    failed one leaves `torch.arange`, `torch.zeros`... wrapped for the rest of the process, and
+    every model built afterwards gets garbage rotary frequencies (NaN logits).
+    """
+    import torch
+    from llmcompressor.pipelines.sequential.transformers_helpers import HFTracer
+
+    originals = {name: getattr(torch, name) for name in HFTracer._TORCH_METHODS_TO_PATCH}
+    try:
+        yield
+    finally:
+        for name, function in originals.items():
+            setattr(torch, name, function)
+
+
+def meta_model(config, model_class: str = "AutoModelForCausalLM", trust_remote_code: bool = False):
+    """`config`'s model on the meta device: every module and shape, no weights in memory."""
+    import transformers
+    from accelerate import init_empty_weights
+
+    cls = getattr(transformers, model_class, None)
+    if cls is None:
+        raise TraceabilityError(
+            f"model.model_class '{model_class}' is not a transformers class; use one such as "
+            "AutoModelForCausalLM"
+        )
+    with init_empty_weights():
+        if hasattr(cls, "from_config"):  # an Auto class: it resolves the concrete class
+            return cls.from_config(config, trust_remote_code=trust_remote_code)
+        return cls._from_config(config)  # a concrete class: the config already names its code
+
+
+def check_group_sizes(model: FetchedModel, recipe: RenderedRecipe) -> None:
+    """Refuse now, on the meta device, layers that group quantization refuses after loading.
+
+    llm-compressor checks `columns % group_size` when a modifier initializes, i.e. once the
+    weights are in memory; the same check on the meta model costs a second.
+    """
+    from compressed_tensors.quantization import apply_quantization_config
+    from llmcompressor.modifiers.quantization.group_size_validation import (
+        get_layers_indivisible_by_group_size,
+    )
+    from llmcompressor.modifiers.quantization.quantization.mixin import QuantizationMixin
+    from llmcompressor.recipe import Recipe
+    from transformers import AutoConfig
+
+    # The rendered YAML is already validated: parse it as llm-compressor will.
+    modifiers = [
+        m
+        for m in Recipe.from_dict(yaml.safe_load(recipe.yaml)).modifiers
+        if isinstance(m, QuantizationMixin) and not m.bypass_divisibility_checks
+    ]
+    if not modifiers:
+        return
+    config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    for modifier in modifiers:
+        meta = meta_model(config, model.model_class, model.trust_remote_code)
+        apply_quantization_config(meta, modifier.resolved_config)
+        bad = get_layers_indivisible_by_group_size(meta, modifier.resolved_targets, modifier.ignore)
+        if bad:
+            shown = ", ".join(f"{name} ({cols} columns)" for name, cols, _ in bad[:8])
+            more = f" and {len(bad) - 8} more" if len(bad) > 8 else ""
+            raise RecipeError(
+                "recipe.recipe",
+                f"{type(modifier).__name__} quantizes {len(bad)} layer(s) in groups of {bad[0][2]} "
+                f"whose width is not a multiple of it: {shown}{more}; llm-compressor would refuse "
+                "them only after loading the weights",
+                "add those layers to the modifier's `ignore` list, use a group size that divides "
+                "them, or set bypass_divisibility_checks: true if your runtime supports it",
+            )
+
+
 def trace_config(
     config,
     sample_input: dict,
@@ -122,8 +202,6 @@ def trace_config(
     `sample_input` holds tensors of shape [1, seq] (input_ids, attention_mask). Raises
     `TraceabilityError` when the targets match nothing or the trace fails.
     """
-    import transformers
-    from accelerate import init_empty_weights
     from compressed_tensors.utils.match import match_named_modules
     from llmcompressor.pipelines.sequential.helpers import trace_subgraphs
     from llmcompressor.utils.pytorch.module import infer_sequential_targets
@@ -132,17 +210,7 @@ def trace_config(
     rss_before = _maxrss_mb()
     start = time.perf_counter()
 
-    cls = getattr(transformers, model_class, None)
-    if cls is None:
-        raise TraceabilityError(
-            f"model.model_class '{model_class}' is not a transformers class; use one such as "
-            "AutoModelForCausalLM"
-        )
-    with init_empty_weights():
-        if hasattr(cls, "from_config"):  # an Auto class: it resolves the concrete class
-            model = cls.from_config(config, trust_remote_code=trust_remote_code)
-        else:  # a concrete class (LlamaForCausalLM): the config already names its code
-            model = cls._from_config(config)
+    model = meta_model(config, model_class, trust_remote_code)
 
     # Same inference as llm-compressor's sequential pipeline: default is _no_split_modules.
     targets = infer_sequential_targets(model, sequential_targets)
@@ -160,7 +228,8 @@ def trace_config(
         )
 
     try:
-        subgraphs = trace_subgraphs(model, sample_input, targets, ignore)
+        with restored_torch_functions():
+            subgraphs = trace_subgraphs(model, sample_input, targets, ignore)
     except Exception as exc:  # any tracing failure (TraceError, TypeError...) is the user's to fix
         raise TraceabilityError(_failure_message(exc, targets, ignore)) from exc
 
@@ -204,6 +273,7 @@ def check_traceability(
     """Trace the model as the sequential pipeline will, or say why no trace is needed."""
     logger = _run_logger()
     tracker = tracking.current()
+    check_group_sizes(model, recipe)
 
     # render_recipe resolves 'independent' to what it runs ('sequential' for data modifiers).
     if recipe.pipeline != "sequential":

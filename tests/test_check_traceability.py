@@ -23,14 +23,12 @@ from tasks.build_dataset import BuiltDataset
 from tasks.check_traceability import TraceReport, check_traceability, trace_config
 from tasks.errors import TraceabilityError
 from tasks.fetch_model import FetchedModel
-from tasks.render_recipe import RenderedRecipe
+from tasks.render_recipe import RenderedRecipe, render
 
 
 def _recipe(pipeline: str, needs_data: bool = True) -> RenderedRecipe:
-    return RenderedRecipe(
-        yaml="", sha256="0" * 64, source="yaml", modifiers=["GPTQModifier"],
-        pipeline=pipeline, needs_data=needs_data,
-    )  # fmt: skip
+    preset = "W4A16" if needs_data else "FP8_DYNAMIC"
+    return render(RecipeArgs(recipe=preset)).model_copy(update={"pipeline": pipeline})
 
 
 def _fetched(path) -> FetchedModel:
