@@ -112,30 +112,17 @@ def test_output_holding_another_model_is_refused_before_calibration(tiny_model, 
     assert (target / "model.safetensors").read_text() == "somebody else's model"
 
 
+def exploding_collator(batch):
+    raise RuntimeError("collator bug found mid-calibration")
+
+
 def test_failed_calibration_leaves_no_partial_output(tiny_model, tmp_path):
-    # Group size 96 does not divide the 256-wide layers: llm-compressor refuses at calibration.
-    recipe = {
-        "quant_stage": {
-            "quant_modifiers": {
-                "GPTQModifier": {
-                    "ignore": ["lm_head"],
-                    "config_groups": {
-                        "group_0": {
-                            "targets": ["Linear"],
-                            "weights": {"num_bits": 4, "type": "int", "symmetric": True,
-                                        "strategy": "group", "group_size": 96},
-                        }
-                    },
-                }
-            }
-        }
-    }  # fmt: skip
     target = tmp_path / "never"
-    with pytest.raises(ValueError, match="not divisible by group_size"):
+    with pytest.raises(RuntimeError, match="collator bug found mid-calibration"):
         compress(
             model=ModelArgs(model_id=str(tiny_model)),
-            dataset=small_data(),
-            recipe=RecipeArgs(recipe=recipe),
+            dataset=small_data(data_collator="test_compress_flow:exploding_collator"),
+            recipe=RecipeArgs(recipe="W4A16"),
             output=OutputArgs(save_directory=str(target)),
         )
     assert not target.exists()

@@ -17,6 +17,16 @@ from tasks.errors import DatasetError, ModelFetchError, PublishError, RecipeErro
 BAD_YAML = "quant_stage:\n  quant_modifiers:\n    GPTQModifier: {targets: [Linear\n"
 TYPO_MODIFIER = "quant_stage:\n  quant_modifiers:\n    GPTQModifer: {targets: Linear, scheme: W4A16}\n"
 BAD_SCHEME = "quant_stage:\n  quant_modifiers:\n    GPTQModifier: {targets: Linear, scheme: W4A15}\n"
+GROUPS_OF_96 = """
+quant_stage:
+  quant_modifiers:
+    GPTQModifier:
+      ignore: [lm_head]
+      config_groups:
+        group_0:
+          targets: [Linear]
+          weights: {num_bits: 4, type: int, symmetric: true, strategy: group, group_size: 96}
+"""
 PLACEHOLDER = "quant_stage:\n  quant_modifiers:\n    GPTQModifier: {targets: Linear, scheme: W4A16, dampening_frac: $damp}\n"
 
 
@@ -68,6 +78,9 @@ CASES = {
     "value without placeholder": (
         {"recipe": {"recipe": PLACEHOLDER, "recipe_args": {"damp": 0.1, "dampening": 0.2}}},
         RecipeError, ["dampening", "no placeholder"],
+    ),
+    "group size that does not divide the layers": (
+        {"recipe": {"recipe": GROUPS_OF_96}}, RecipeError, ["groups of 96", "q_proj (256 columns)", "ignore"],
     ),
     "unknown preset": ({"recipe": {"recipe": "W4A61"}}, RecipeError, ["W4A16"]),
     "unknown dataset shortcut": ({"dataset": {"dataset_name": "wikitxt"}}, DatasetError, ["wikitext"]),
