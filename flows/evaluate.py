@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from flows.params import IMPORT_PATH_PATTERN, DatasetArgs, ModelArgs, TrackingArgs
 from tasks.errors import InputError
 from tasks.evaluation import (
-    QualityMetrics,
+    EvaluationReport,
     QualityThresholdExceeded,
     base_model_args,
     breaches,
@@ -106,21 +106,6 @@ class LmEvalArgs(_Args):
     )
 
 
-class EvaluationReport(BaseModel):
-    compressed_path: str
-    base_identity: str
-    scheme: str | None
-    held_out_source: str
-    excluded_calibration_samples: int
-    metrics: QualityMetrics
-    lm_eval: dict[str, dict[str, float]] = Field(
-        default_factory=dict, description="{'base' | 'compressed': {'<task>/<metric>': value}}."
-    )
-    breaches: list[str] = Field(description="Thresholds passed; empty when within limits.")
-    passed: bool
-    tracking: str | None = Field(default=None, description="Where ClearML logged the run.")
-
-
 def metric_rows(report: EvaluationReport, gate: QualityGate) -> list[dict]:
     """The table shown in Prefect and ClearML: one row per metric, base beside compressed."""
     m = report.metrics
@@ -139,7 +124,7 @@ def metric_rows(report: EvaluationReport, gate: QualityGate) -> list[dict]:
     return rows
 
 
-@flow(name="evaluate-model", log_prints=True)
+@flow(name="evaluate-model", log_prints=True, persist_result=True)
 def evaluate(
     compressed: ModelArgs,
     base: ModelArgs | None = None,

@@ -56,6 +56,25 @@ class QualityMetrics(BaseModel):
     top1_agreement: float = Field(description="Share of positions where both pick the same token.")
 
 
+class EvaluationReport(BaseModel):
+    """What evaluate-model returns. It lives here, not in the flow module: a worker loads the flow
+    file by path (as module `evaluate`), and a result pickled from there would not unpickle
+    in the process that reads it (e.g. a sweep)."""
+
+    compressed_path: str
+    base_identity: str
+    scheme: str | None
+    held_out_source: str
+    excluded_calibration_samples: int
+    metrics: QualityMetrics
+    lm_eval: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="{'base' | 'compressed': {'<task>/<metric>': value}}."
+    )
+    breaches: list[str] = Field(description="Thresholds passed; empty when within limits.")
+    passed: bool
+    tracking: str | None = Field(default=None, description="Where ClearML logged the run.")
+
+
 def published_manifest(path: str) -> dict:
     """The manifest compress-model wrote beside the checkpoint; {} for models from elsewhere."""
     return read_manifest(Path(path)) or {}
