@@ -40,7 +40,8 @@ def default_task_name(model: ModelArgs, recipe: RecipeArgs) -> str:
     return f"{model.model_id.rstrip('/').rsplit('/', 1)[-1]} {preset}"
 
 
-@flow(name="compress-model", log_prints=True)
+# Results persist so callers of the deployment (sweeps) can read the PublishedModel back.
+@flow(name="compress-model", log_prints=True, persist_result=True)
 def compress(
     model: ModelArgs,
     dataset: DatasetArgs = DatasetArgs(),
@@ -57,7 +58,8 @@ def compress(
     }
     with track_flow_run(tracking, default_task_name(model, recipe), output.tags, inputs) as tracker:
         published = run_stages(model, dataset, recipe, output, inputs)
-        emit_published(published, model)  # new or reused: tasks/events.py says why both
+        # Emitted for new and reused outputs alike: tasks/events.py says why.
+        emit_published(published, model, output.auto_evaluate)
     if tracker.failures:
         get_run_logger().warning("ClearML tracking failed: %s", "; ".join(tracker.failures))
     return published.model_copy(update={"tracking": tracker.status()})

@@ -133,6 +133,11 @@ class OutputArgs(_Args):
         default=False,
         description="Replace a different model already published at save_directory.",
     )
+    auto_evaluate: bool = Field(
+        default=True,
+        description="Let the evaluate-model deployment's trigger evaluate this output (its "
+        "published event says so); sweeps turn it off and evaluate their points themselves.",
+    )
 
 
 class TrackingArgs(_Args):

@@ -5,7 +5,8 @@ Prefect event: the evaluate-model deployment's trigger in prefect.yaml fills its
 the payload, and a user's own deployment can subscribe with the same `expect`/`match` lines.
 
 - resource: `compressflow.model.<run_key>` (the run key names the checkpoint, not the run), with
-  labels `compressflow.scheme` and `compressflow.reused` so triggers can filter on them;
+  labels `compressflow.scheme`, `compressflow.reused` and `compressflow.auto_evaluate` (false when
+  the caller evaluates the model itself, e.g. a sweep) so triggers can filter on them;
 - related: the flow run that published it;
 - payload: `path`, `model_identity`, `scheme`, `base_model` (the compress run's ModelArgs, so a
   consumer fetches the base model exactly as compression did), `run_key`, `reused`,
@@ -40,7 +41,9 @@ def published_payload(published: PublishedModel, base: ModelArgs, flow_run_id: s
     }
 
 
-def emit_published(published: PublishedModel, base: ModelArgs) -> Event | None:
+def emit_published(
+    published: PublishedModel, base: ModelArgs, auto_evaluate: bool = True
+) -> Event | None:
     """Emit `compressflow.model.published` for `published`, compressed from `base`."""
     flow_run_id = runtime.flow_run.id
     related = (
@@ -56,6 +59,7 @@ def emit_published(published: PublishedModel, base: ModelArgs) -> Event | None:
             "prefect.resource.name": published.path,
             "compressflow.scheme": published.scheme or "custom",
             "compressflow.reused": str(published.reused).lower(),
+            "compressflow.auto_evaluate": str(auto_evaluate).lower(),
         },
         related=related,
         payload=published_payload(published, base, flow_run_id),
