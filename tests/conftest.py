@@ -87,3 +87,25 @@ def clearml_params():
             }
 
         yield read
+
+
+@pytest.fixture(scope="session")
+def prefect_stack(tmp_path_factory):
+    """A real `prefect server`, pools, deployments from prefect.yaml and a worker (~30 s)."""
+    from prefect_stack import running_stack
+
+    with running_stack(tmp_path_factory.mktemp("prefect-e2e")) as stack:
+        yield stack
+
+
+@pytest.fixture
+def stack_client(prefect_stack):
+    """A Prefect client talking to `prefect_stack`'s server."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with (
+        temporary_settings({PREFECT_API_URL: prefect_stack.api_url}),
+        get_client(sync_client=True) as client,
+    ):
+        yield client
