@@ -1,0 +1,192 @@
+"""The sweep-recipe flow: grid or random search over recipe_args and dataset sizes.
+
+Each point of the search is one compress-model run and one evaluate-model run, started as
+deployment runs, so a work pool with several GPU workers runs points side by side and a single
+worker runs them one after another. The sweep itself only waits: run it where it takes no GPU
+slot (from a laptop, or a deployment on a CPU pool), never on the pool its points need.
+
+Shared work is done once: before dispatching, the sweep fetches the model and builds each
+distinct calibration dataset with the very cached tasks compress-model runs, so every point's
+runs reuse them (the cache lives in Prefect's result storage: on several hosts, point
+PREFECT_DEFAULT_RESULT_STORAGE_BLOCK at shared storage). Each point is a cached task: a rerun of
+the same sweep skips the points that completed and runs the rest (tasks/sweep_point.py). A point
+that fails is recorded in its row and does not stop the others.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from pathlib import Path
+from typing import Any, Literal
+
+from prefect import flow
+from prefect.artifacts import create_table_artifact
+from prefect.logging import get_run_logger
+from pydantic import BaseModel, ConfigDict, Field
+
+from flows.evaluate import HeldOutArgs
+from flows.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs, TrackingArgs
+from tasks.build_dataset import build_dataset
+from tasks.fetch_model import fetch_model
+from tasks.render_recipe import render_recipe
+from tasks.sweep_point import METRICS, Point, PointResult, run_point
+from tasks.tracking import track_flow_run
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SearchSpace(_Args):
+    recipe_args: dict[str, list[Any]] = Field(
+        default_factory=dict,
+        description="Values to try for each recipe placeholder, e.g. "
+        "{dampening_frac: [0.01, 0.1], block_size: [64, 128]}.",
+    )
+    text_samples: list[int] = Field(
+        default_factory=list,
+        description="Calibration sample counts to try; empty: dataset.text_samples only.",
+    )
+    strategy: Literal["grid", "random"] = Field(
+        default="grid", description="grid: every combination; random: `budget` of them."
+    )
+    budget: int | None = Field(
+        default=None, gt=0, description="Random search: how many points (default: all)."
+    )
+    seed: int = Field(default=0, description="Random search: which points are drawn.")
+
+
+class Objective(_Args):
+    metric: Literal[METRICS] = Field(  # type: ignore[valid-type]
+        default="kl_divergence", description="An evaluate-model metric to rank points by."
+    )
+    direction: Literal["minimize", "maximize"] = Field(default="minimize")
+
+
+class Deployments(_Args):
+    compress: str = Field(default="compress-model/compress", description="flow/deployment name.")
+    evaluate: str = Field(default="evaluate-model/evaluate", description="flow/deployment name.")
+
+
+class SweepReport(BaseModel):
+    results: list[PointResult] = Field(description="Completed points best first, then failures.")
+    best: PointResult | None
+
+
+def expand(space: SearchSpace, default_samples: int) -> list[Point]:
+    """The points of `space`: every combination, or `budget` of them drawn with `seed`."""
+    names = list(space.recipe_args)
+    combos = [
+        Point(recipe_args=dict(zip(names, values)), text_samples=samples)
+        for samples in (space.text_samples or [default_samples])
+        for values in itertools.product(*(space.recipe_args[name] for name in names))
+    ]
+    if space.strategy == "random" and space.budget is not None and space.budget < len(combos):
+        combos = random.Random(space.seed).sample(combos, space.budget)
+    return combos
+
+
+def rank(results: list[PointResult], objective: Objective) -> list[PointResult]:
+    """Completed points best first by the objective, then the failed ones."""
+    done = sorted(
+        (r for r in results if r.status == "completed"),
+        key=lambda r: r.objective,
+        reverse=objective.direction == "maximize",
+    )
+    return done + [r for r in results if r.status == "failed"]
+
+
+def point_params(
+    point: Point, model: ModelArgs, dataset: DatasetArgs, recipe: RecipeArgs, output_root: Path
+) -> dict:
+    return {
+        "model": model.model_dump(),
+        "dataset": {**dataset.model_dump(), "text_samples": point.text_samples},
+        "recipe": {
+            **recipe.model_dump(),
+            "recipe_args": {**recipe.recipe_args, **point.recipe_args},
+        },
+        "output": OutputArgs(
+            save_directory=str(output_root / f"point-{point.key()}"),
+            tags=["sweep"],
+            auto_evaluate=False,  # the sweep evaluates its points itself
+        ).model_dump(),
+    }
+
+
+@flow(name="sweep-recipe", log_prints=True)
+def sweep(
+    model: ModelArgs,
+    output_root: str,
+    space: SearchSpace,
+    dataset: DatasetArgs = DatasetArgs(),
+    recipe: RecipeArgs = RecipeArgs(),
+    objective: Objective = Objective(),
+    held_out: HeldOutArgs = HeldOutArgs(),
+    deployments: Deployments = Deployments(),
+    tracking: TrackingArgs = TrackingArgs(),
+) -> SweepReport:
+    """Compress and evaluate every point of `space`; rank the points by `objective`."""
+    log = get_run_logger()
+    points = expand(space, dataset.text_samples)
+    root = Path(output_root).expanduser().resolve()
+    inputs = {
+        "model": model.model_dump(),
+        "space": space.model_dump(),
+        "objective": objective.model_dump(),
+    }
+    with track_flow_run(
+        tracking, f"sweep {model.model_id.rsplit('/', 1)[-1]}", ["sweep"], inputs
+    ) as tracker:
+        # Shared work, once: every point's compress run finds these in the cache.
+        rendered = render_recipe(
+            recipe.model_copy(
+                update={"recipe_args": {**recipe.recipe_args, **points[0].recipe_args}}
+            )
+        )
+        fetched = fetch_model(model)
+        for samples in sorted({p.text_samples for p in points}):
+            build_dataset(
+                dataset.model_copy(update={"text_samples": samples}), fetched, rendered.needs_data
+            )
+
+        log.info(
+            "Sweeping %d point(s) over %s",
+            len(points),
+            ", ".join(space.recipe_args) or "text_samples",
+        )
+        futures = [
+            (point, run_point.submit(point, point_params(point, model, dataset, recipe, root),
+                                     held_out.model_dump(), objective.metric,
+                                     deployments.compress, deployments.evaluate))
+            for point in points
+        ]  # fmt: skip
+        results = []
+        for point, future in futures:
+            future.wait()
+            if future.state.is_completed():
+                results.append(future.result())
+            else:
+                error = future.state.message or future.state.name
+                log.warning("Point %s failed: %s", point.label(), error)
+                results.append(PointResult(point=point, status="failed", error=error))
+
+        ranked = rank(results, objective)
+        best = ranked[0] if ranked and ranked[0].status == "completed" else None
+        rows = [result.row() for result in ranked]
+        verdict = (
+            f"best: {best.point.label()} ({objective.metric} {best.objective:.4g})"
+            if best
+            else "no point completed"
+        )
+        create_table_artifact(
+            rows,
+            key="sweep-results",
+            description=f"Sorted by {objective.metric} ({objective.direction}); {verdict}",
+        )
+        tracker.table("sweep results", rows)
+        tracker.text(verdict)
+        completed = sum(r.status == "completed" for r in results)
+        log.info("Sweep done: %d/%d completed; %s", completed, len(results), verdict)
+    return SweepReport(results=ranked, best=best)

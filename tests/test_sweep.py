@@ -1,0 +1,99 @@
+"""sweep-recipe against a real server: points run as deployment runs on the process pool's worker.
+
+The sweep itself runs in a subprocess with the stack's environment (it shares PREFECT_HOME, and so
+the result storage, with the worker: that is how every point finds the shared fetch and dataset
+in the cache and how the sweep reads each point's results).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from tasks.sweep_point import Point
+
+SWEEP = """
+import json, sys
+from flows.sweep import sweep
+report = sweep(**json.loads(sys.argv[1]))
+print("SWEEP_REPORT " + report.model_dump_json())
+"""
+
+
+def run_sweep(stack, **params) -> dict:
+    out = stack.run(sys.executable, "-c", SWEEP, json.dumps(params), timeout=900)
+    line = next(l for l in out.splitlines() if l.startswith("SWEEP_REPORT "))
+    return json.loads(line.removeprefix("SWEEP_REPORT "))
+
+
+def sweep_params(tiny_model, root, recipe_args) -> dict:
+    return {
+        "model": {"model_id": str(tiny_model)},
+        "output_root": str(root),
+        "dataset": {"dataset_name": "python_docs", "text_samples": 8, "max_seq_len": 64},
+        "recipe": {"recipe": "W4A16"},
+        "space": {"recipe_args": recipe_args},
+        "objective": {"metric": "kl_divergence", "direction": "minimize"},
+        "held_out": {"dataset_name": "python_docs", "samples": 8, "max_seq_len": 64},
+    }
+
+
+def task_run_states(client, name: str) -> list[str]:
+    from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
+
+    runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=name)))
+    return [run.state.name for run in runs if run.name.startswith(name)]
+
+
+def compress_run_count(client) -> int:
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+    return len(client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["compress-model"]))))
+
+
+@pytest.mark.usefixtures("prefect_stack")
+def test_2x2_grid_ranks_four_points_and_shares_fetch_and_dataset(
+    prefect_stack, stack_client, tiny_model, tmp_path
+):
+    fetch_before = task_run_states(stack_client, "fetch model")
+    build_before = task_run_states(stack_client, "build dataset")
+    report = run_sweep(
+        prefect_stack,
+        **sweep_params(tiny_model, tmp_path, {"dampening_frac": [0.01, 0.1], "block_size": [64, 128]}),
+    )
+    results = report["results"]
+    assert len(results) == 4 and all(r["status"] == "completed" for r in results)
+    objectives = [r["objective"] for r in results]
+    assert objectives == sorted(objectives), "rows are ranked by the objective"
+    assert report["best"] == results[0]
+    assert {(r["point"]["recipe_args"]["dampening_frac"], r["point"]["recipe_args"]["block_size"])
+            for r in results} == {(0.01, 64), (0.01, 128), (0.1, 64), (0.1, 128)}  # fmt: skip
+
+    # Fetch and dataset build ran once (the sweep's own warm-up); every point's runs hit the cache.
+    fetch = task_run_states(stack_client, "fetch model")[len(fetch_before):]
+    build = task_run_states(stack_client, "build dataset")[len(build_before):]
+    assert fetch.count("Completed") == 1 and fetch.count("Cached") >= 4, fetch
+    assert build.count("Completed") == 1 and build.count("Cached") >= 4, build
+
+
+def test_failed_point_is_recorded_and_a_rerun_finishes_only_it(
+    prefect_stack, stack_client, tiny_model, tmp_path
+):
+    params = sweep_params(tiny_model, tmp_path, {"dampening_frac": [0.02, 0.2]})
+    # Occupy one point's output folder: its compression is refused, the other point goes on.
+    blocked = tmp_path / f"point-{Point(recipe_args={'dampening_frac': 0.2}, text_samples=8).key()}"
+    blocked.mkdir(parents=True)
+    (blocked / "model.safetensors").write_text("somebody else's model")
+
+    first = run_sweep(prefect_stack, **params)
+    rows = {r["point"]["recipe_args"]["dampening_frac"]: r for r in first["results"]}
+    assert rows[0.02]["status"] == "completed" and rows[0.2]["status"] == "failed"
+    assert "already holds" in rows[0.2]["error"]
+    assert first["best"]["point"]["recipe_args"] == {"dampening_frac": 0.02}
+
+    (blocked / "model.safetensors").unlink()
+    before = compress_run_count(stack_client)
+    second = run_sweep(prefect_stack, **params)
+    assert compress_run_count(stack_client) == before + 1, "only the missing point ran again"
+    assert all(r["status"] == "completed" for r in second["results"])
