@@ -44,6 +44,19 @@ def tiny_model(test_root) -> Path:
     return build_tiny_llama(test_root / "tiny-llama")
 
 
+# The seed system's user guide, W4A16 example, as written there.
+SEED_GUIDE_W4A16 = """
+quant_stage:
+  quant_modifiers:
+    GPTQModifier:
+      ignore: ["lm_head"]
+      scheme: "W4A16"
+      targets: "Linear"
+      observer: $observer
+      dampening_frac: $damp
+"""
+SEED_GUIDE_W4A16_ARGS = {"observer": "mse", "damp": 0.1}
+
 HUB_SHA = "0123456789abcdef0123456789abcdef01234567"
 
 

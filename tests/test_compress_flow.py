@@ -16,16 +16,7 @@ from flows.compress import compress
 from flows.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
 from tasks.errors import PublishError
 
-SEED_GUIDE_W4A16 = """
-quant_stage:
-  quant_modifiers:
-    GPTQModifier:
-      ignore: ["lm_head"]
-      scheme: "W4A16"
-      targets: "Linear"
-      observer: $observer
-      dampening_frac: $damp
-"""
+from conftest import SEED_GUIDE_W4A16
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

@@ -20,18 +20,8 @@ from tasks.errors import RecipeError
 from tasks.recipe_presets import PRESETS
 from tasks.render_recipe import find_placeholders, render_recipe, substitute
 
-# The seed system's user guide, W4A16 example, as written there.
-SEED_RECIPE = """
-quant_stage:
-  quant_modifiers:
-    GPTQModifier:
-      ignore: ["lm_head"]
-      scheme: "W4A16"
-      targets: "Linear"
-      observer: $observer
-      dampening_frac: $damp
-"""
-SEED_ARGS = {"observer": "mse", "damp": 0.1}
+from conftest import SEED_GUIDE_W4A16 as SEED_RECIPE
+from conftest import SEED_GUIDE_W4A16_ARGS as SEED_ARGS
 
 GPTQ = {"targets": "Linear", "scheme": "W4A16", "ignore": ["lm_head"]}
 
