@@ -39,6 +39,7 @@ from tasks.dataset_registry import ALIASES, SHAREGPT_ROLES, SHORTCUTS, lookup
 from tasks.errors import DatasetError
 from tasks.fetch_model import FetchedModel
 from tasks.imports import import_callable
+from tasks.logs import run_logger
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ def build_dataset(
     args: DatasetArgs, model: FetchedModel, needs_data: bool = True
 ) -> BuiltDataset | None:
     """Build the calibration dataset for `model`, or return None when the recipe needs none."""
-    logger = _run_logger()
+    logger = run_logger(__name__)
     if not needs_data:
         logger.info("The recipe needs no calibration data: no dataset is built")
         return None
@@ -542,11 +543,3 @@ def token_stats(tokenized) -> dict[str, float]:
     return {"min": min(lengths), "mean": total / len(lengths), "max": max(lengths), "total": total}
 
 
-def _run_logger():
-    from prefect.exceptions import MissingContextError
-    from prefect.logging import get_run_logger
-
-    try:
-        return get_run_logger()
-    except MissingContextError:  # called outside a flow run (tests, scripts)
-        return log

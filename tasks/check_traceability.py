@@ -17,11 +17,10 @@ import time
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
-
-import yaml
 from pathlib import Path
 from typing import Any
 
+import yaml
 from prefect import task
 from pydantic import BaseModel, Field
 
@@ -30,6 +29,7 @@ from tasks import tracking
 from tasks.build_dataset import BuiltDataset
 from tasks.errors import RecipeError, TraceabilityError
 from tasks.fetch_model import FetchedModel
+from tasks.logs import run_logger
 from tasks.render_recipe import RenderedRecipe
 
 log = logging.getLogger(__name__)
@@ -159,7 +159,9 @@ def check_group_sizes(model: FetchedModel, recipe: RenderedRecipe) -> None:
     from llmcompressor.modifiers.quantization.group_size_validation import (
         get_layers_indivisible_by_group_size,
     )
-    from llmcompressor.modifiers.quantization.quantization.mixin import QuantizationMixin
+    from llmcompressor.modifiers.quantization.quantization.mixin import (
+        QuantizationMixin,
+    )
     from llmcompressor.recipe import Recipe
     from transformers import AutoConfig
 
@@ -256,22 +258,12 @@ def first_sample(dataset: BuiltDataset) -> dict[str, Any]:
     return {k: torch.tensor([row[k]]) for k in ("input_ids", "attention_mask") if k in row}
 
 
-def _run_logger():
-    from prefect.exceptions import MissingContextError
-    from prefect.logging import get_run_logger
-
-    try:
-        return get_run_logger()
-    except MissingContextError:  # called outside a flow run (tests, scripts)
-        return log
-
-
 @task(name="check traceability")
 def check_traceability(
     model: FetchedModel, recipe: RenderedRecipe, dataset: BuiltDataset | None, args: RecipeArgs
 ) -> TraceReport:
     """Trace the model as the sequential pipeline will, or say why no trace is needed."""
-    logger = _run_logger()
+    logger = run_logger(__name__)
     tracker = tracking.current()
     check_group_sizes(model, recipe)
 

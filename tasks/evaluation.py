@@ -25,7 +25,13 @@ from prefect.logging import get_run_logger
 from pydantic import BaseModel, Field
 
 from flows.params import DatasetArgs, ModelArgs
-from tasks.build_dataset import load_source, load_tokenizer, row_formatter, sample_texts, tokenize
+from tasks.build_dataset import (
+    load_source,
+    load_tokenizer,
+    row_formatter,
+    sample_texts,
+    tokenize,
+)
 from tasks.errors import CompressflowError, InputError, ModelFetchError
 from tasks.fetch_model import FetchedModel, fetch_from_clearml, fetch_from_hub
 from tasks.publish import read_manifest

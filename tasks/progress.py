@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from tasks import tracking
-from tasks.build_dataset import _run_logger  # the run logger, or a plain one outside a run
+from tasks.logs import run_logger
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ class CalibrationProgress:
     started: float = field(default_factory=time.perf_counter)
     first_done: float | None = None
     artifact_id: object = None
-    logger: object = field(default_factory=_run_logger)
+    logger: object = field(default_factory=lambda: run_logger(__name__))
 
     @property
     def total(self) -> int:

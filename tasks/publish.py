@@ -23,7 +23,11 @@ from importlib.metadata import version
 from pathlib import Path
 
 from prefect import task
-from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+from prefect.artifacts import (
+    create_link_artifact,
+    create_markdown_artifact,
+    create_table_artifact,
+)
 from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 from pydantic import BaseModel, Field

@@ -22,20 +22,18 @@ from __future__ import annotations
 import copy
 import difflib
 import hashlib
-import logging
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 from prefect import task
-from prefect.exceptions import MissingContextError
-from prefect.logging import get_logger, get_run_logger
 from pydantic import BaseModel, Field, ValidationError
 
 from flows.params import RecipeArgs, RecipeForm
 from tasks import tracking
 from tasks.errors import RecipeError
+from tasks.logs import run_logger
 from tasks.recipe_presets import PRESETS, Preset
 
 if TYPE_CHECKING:
@@ -479,18 +477,11 @@ def render(args: RecipeArgs) -> RenderedRecipe:
     )
 
 
-def _logger() -> logging.Logger | logging.LoggerAdapter:
-    try:
-        return get_run_logger()
-    except MissingContextError:  # called as render_recipe.fn(...) outside a flow run
-        return get_logger(__name__)
-
-
 @task(name="render recipe")
 def render_recipe(args: RecipeArgs) -> RenderedRecipe:
     """Render, validate and log the recipe; RecipeError says what to fix before any model loads."""
     rendered = render(args)
-    log = _logger()
+    log = run_logger(__name__)
     log.info(
         "Recipe from %s: %s, scheme %s, pipeline %s (sha256 %s)",
         rendered.source,
