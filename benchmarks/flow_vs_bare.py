@@ -11,8 +11,8 @@ Same model, same texts, same recipe (the W4A16 preset), each variant a whole sep
                starts Prefect's temporary local server, as a plain `python script.py` does.
 
 Wall time is the whole process, start to exit; peak RSS is that process's own (`os.wait4`). The
-temporary server is a child of the flow process and is not in its peak RSS. Medians over
-`--repeats` rounds; the variants are interleaved within each round.
+temporary server is a child of the flow process: Linux reports the larger of the two peaks, not
+their sum. Medians over `--repeats` rounds; the variants are interleaved within each round.
 
     python -m benchmarks.flow_vs_bare [--repeats 3] [--samples 128] [--max-seq-len 256]
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import socket
@@ -215,9 +216,8 @@ def run_round(r: int, work: Path, inputs, env, api_url, args) -> dict[str, Child
     runs: dict[str, ChildRun] = {}
 
     def run(name: str, kind: str, out: Path, child_env: dict[str, str]) -> None:
-        runs[name] = run_child(
-            child_args(kind, model, data, recipe, out, args), child_env, folder / f"{name.replace(' ', '-').strip('()')}.log"
-        )
+        log = folder / f"{re.sub(r'[^a-z]+', '-', name).strip('-')}.log"
+        runs[name] = run_child(child_args(kind, model, data, recipe, out, args), child_env, log)
         phases = ", ".join(f"{k} {v:.1f}" for k, v in runs[name].result.get("phases", {}).items())
         run_ = runs[name]
         print(f"  round {r} {name:<24} {run_.wall_s:6.1f} s wall {run_.cpu_s:6.1f} s CPU "
