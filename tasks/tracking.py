@@ -35,6 +35,12 @@ log = logging.getLogger(__name__)
 CLOSE_TIMEOUT_SECONDS = 30.0
 FAILURES_ATTR = "_compressflow_tracking_failures"
 
+
+def marked_failures(task: Any) -> list[str]:
+    """Failures recorded on `task`. Read from its __dict__: a ClearML Task's __getattr__ answers
+    unknown names with a StubObject in some processes (seen under Prefect workers)."""
+    return vars(task).get(FAILURES_ATTR, []) if task is not None else []
+
 # Repository detection spawns git and can hang close(); every key must be given because a
 # missing one defaults to True (FIELD_NOTES). No framework is auto-logged: the model is saved
 # by the publish stage, not by a torch.save hook.
@@ -65,7 +71,7 @@ class Tracker:
         return self.task is not None
 
     def _call(self, what: str, method: str, *args, logger: bool = False, **kwargs) -> None:
-        if self.task is None or getattr(self.task, FAILURES_ATTR, None):
+        if self.task is None or marked_failures(self.task):
             return
         try:
             target = self.task.get_logger() if logger else self.task
@@ -78,8 +84,7 @@ class Tracker:
         self.failures.append(reason)
         # Trackers are cheap views of one ClearML task: the mark on the task is what turns
         # tracking off for every stage and lets the flow report the failure at the end.
-        failures = getattr(self.task, FAILURES_ATTR, [])
-        setattr(self.task, FAILURES_ATTR, [*failures, reason])
+        setattr(self.task, FAILURES_ATTR, [*marked_failures(self.task), reason])
         self.task = None
 
     def params(self, section: str, values: dict[str, Any]) -> None:
@@ -177,7 +182,7 @@ def current() -> Tracker:
     except Exception as exc:  # ClearML not importable or misconfigured: run untracked
         log.warning("ClearML unavailable (%s); running without tracking", exc)
         return Tracker()
-    if task is None or getattr(task, FAILURES_ATTR, None):
+    if task is None or marked_failures(task):
         return Tracker()
     return Tracker(task=task, mode="offline" if task.is_offline() else "online")
 
@@ -264,6 +269,11 @@ def open_run(
                 tracker.failures.append(f"{reason}; logged offline instead")
                 log.warning(tracker.failures[-1])
                 api_host = None
+        # ClearML marks child processes of a tracked process with this variable and hands them a
+        # stub task. A flow run is its own ClearML task, whatever process started its worker.
+        for name in ("CLEARML_PROC_MASTER_ID", "TRAINS_PROC_MASTER_ID"):
+            if os.environ.get(name, "").split(":")[0] != str(os.getpid()):
+                os.environ.pop(name, None)
         if not api_host or forced_offline:
             Task.set_offline(True)
             log.info("ClearML: no reachable server configured, logging offline (see README)")
@@ -277,6 +287,8 @@ def open_run(
             auto_resource_monitoring=False,
             output_uri=settings.output_uri if settings else None,
         )
+        if not isinstance(tracker.task, Task):
+            raise RuntimeError(f"ClearML returned {type(tracker.task).__name__}, not a Task")
         tracker.mode = "offline" if Task.is_offline() else "online"
         tracker.location = tracker.link()
         if comment:
@@ -290,7 +302,7 @@ def open_run(
     finally:
         task, tracker.task = tracker.task, None
         if task is not None:
-            tracker.failures.extend(getattr(task, FAILURES_ATTR, []))
+            tracker.failures.extend(marked_failures(task))
             _close(task, tracker)
 
 

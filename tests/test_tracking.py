@@ -80,6 +80,15 @@ def test_one_offline_task_holds_every_stage(tiny_model, tmp_path):
     assert {"manifest", "recipe", "compressed-model"} <= artifacts
 
 
+def test_a_run_started_by_a_tracked_process_gets_its_own_task(tiny_model, tmp_path, monkeypatch):
+    # What a worker's flow run inherits when the worker was started from a tracked process:
+    # ClearML would otherwise hand this run a stub and log nothing.
+    monkeypatch.setenv("CLEARML_PROC_MASTER_ID", "1:0123456789abcdef")
+    published = run(tiny_model, tmp_path / "out")
+    assert "FAILED" not in published.tracking
+    assert hyperparams(offline_session(published))["model"]["identity"].startswith("sha256:")
+
+
 def test_cache_hits_still_log_their_stage(tiny_model, tmp_path):
     run(tiny_model, tmp_path / "first")
     second = run(tiny_model, tmp_path / "first")
