@@ -188,8 +188,12 @@ def current() -> Tracker:
 
 
 def log_result(result) -> None:
-    """Log a stage result's `tracking_params()` under its `tracking_section`."""
-    current().params(result.tracking_section, result.tracking_params())
+    """Log a stage result into the run's ClearML task, through the result's own `log_to`.
+
+    Stages call it when they finish; the flow's stage runner calls it for a cached result, whose
+    task body did not run: either way the ClearML task gets the same fields.
+    """
+    result.log_to(current())
 
 
 def configured_api_host() -> str | None:
@@ -271,9 +275,9 @@ def open_run(
                 api_host = None
         # ClearML marks child processes of a tracked process with this variable and hands them a
         # stub task. A flow run is its own ClearML task, whatever process started its worker.
-        for name in ("CLEARML_PROC_MASTER_ID", "TRAINS_PROC_MASTER_ID"):
-            if os.environ.get(name, "").split(":")[0] != str(os.getpid()):
-                os.environ.pop(name, None)
+        for marker in ("CLEARML_PROC_MASTER_ID", "TRAINS_PROC_MASTER_ID"):
+            if os.environ.get(marker, "").split(":")[0] != str(os.getpid()):
+                os.environ.pop(marker, None)
         if not api_host or forced_offline:
             Task.set_offline(True)
             log.info("ClearML: no reachable server configured, logging offline (see README)")
