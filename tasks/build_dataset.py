@@ -27,7 +27,7 @@ import shutil
 import string
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable
 
 from prefect import task
 from pydantic import BaseModel, Field
@@ -56,10 +56,11 @@ class BuiltDataset(BaseModel):
     token_stats: dict[str, float] = Field(description="min, mean, max and total tokens per sample.")
     chat_template_applied: bool = False
 
-    tracking_section: ClassVar[str] = "dataset"
-
     def exists(self) -> bool:
         return Path(self.path, "dataset_info.json").exists()
+
+    def log_to(self, tracker) -> None:
+        tracker.params("dataset", self.tracking_params())
 
     def tracking_params(self) -> dict:
         return {

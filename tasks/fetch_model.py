@@ -16,7 +16,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Literal
 
 from prefect import task
 from prefect.logging import get_run_logger
@@ -54,10 +54,11 @@ class FetchedModel(BaseModel):
     trust_remote_code: bool = False
     model_class: str = "AutoModelForCausalLM"
 
-    tracking_section: ClassVar[str] = "model"
-
     def exists(self) -> bool:
         return Path(self.path, "config.json").exists()
+
+    def log_to(self, tracker) -> None:
+        tracker.params("model", self.tracking_params())
 
     def tracking_params(self) -> dict:
         return {

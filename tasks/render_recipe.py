@@ -32,6 +32,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from flows.params import RecipeArgs, RecipeForm
 from tasks import tracking
+from tasks.caching import CACHE_EXPIRATION, LocalSourceAware
 from tasks.errors import RecipeError
 from tasks.logs import run_logger
 from tasks.recipe_presets import PRESETS, Preset
@@ -53,6 +54,10 @@ class RenderedRecipe(BaseModel):
         default_factory=dict,
         description="Values the $placeholders took, preset defaults included.",
     )
+
+    def log_to(self, tracker) -> None:
+        tracker.configuration("recipe", self.yaml, description=f"Rendered from {self.source}")
+        tracker.params("recipe_args", self.args)
 
 
 RECIPE_FIELD = "recipe.recipe"
@@ -477,7 +482,14 @@ def render(args: RecipeArgs) -> RenderedRecipe:
     )
 
 
-@task(name="render recipe")
+@task(
+    name="render recipe",
+    # Reused across runs (a warm rerun skips importing llm-compressor to re-validate); a recipe
+    # file edited in place changes the key through its stat signature.
+    cache_policy=LocalSourceAware(),
+    cache_expiration=CACHE_EXPIRATION,
+    persist_result=True,
+)
 def render_recipe(args: RecipeArgs) -> RenderedRecipe:
     """Render, validate and log the recipe; RecipeError says what to fix before any model loads."""
     rendered = render(args)
@@ -492,7 +504,5 @@ def render_recipe(args: RecipeArgs) -> RenderedRecipe:
     )
     for note in rendered.notes:
         log.warning("Recipe migrated: %s", note)
-    tracker = tracking.current()
-    tracker.configuration("recipe", rendered.yaml, description=f"Rendered from {rendered.source}")
-    tracker.params("recipe_args", rendered.args)
+    tracking.log_result(rendered)
     return rendered

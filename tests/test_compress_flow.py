@@ -78,6 +78,7 @@ def test_second_run_reuses_cached_stages_and_the_published_output(tiny_model, tm
     second = compress(**params)
     assert second.reused and second.path == first.path and second.run_key == first.run_key
     assert stage(second, "fetch model").cached and stage(second, "build dataset").cached
+    assert stage(second, "render recipe").cached
     assert "calibrate" not in {s.name for s in second.stages}
 
     # A new recipe argument recalibrates, but still reuses the fetched model and dataset.

@@ -96,6 +96,9 @@ def test_cache_hits_still_log_their_stage(tiny_model, tmp_path):
     params = hyperparams(offline_session(second))
     assert params["model"]["identity"].startswith("sha256:")
     assert params["dataset"]["fingerprint"]
+    assert params["recipe_args"]["dampening_frac"] == "0.02"
+    task = json.loads((offline_session(second) / "task.json").read_text())
+    assert "GPTQModifier" in task["configuration"]["recipe"]["value"]
 
 
 def all_text_under(folder: Path) -> str:
