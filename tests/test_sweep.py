@@ -39,11 +39,16 @@ def sweep_params(tiny_model, root, recipe_args) -> dict:
     }
 
 
-def task_run_states(client, name: str) -> list[str]:
+def task_run_states(client, name: str) -> dict[str, str]:
+    """State names of the task runs called `name`, by run id (the API returns no fixed order)."""
     from prefect.client.schemas.filters import TaskRunFilter, TaskRunFilterName
 
     runs = client.read_task_runs(task_run_filter=TaskRunFilter(name=TaskRunFilterName(like_=name)))
-    return [run.state.name for run in runs if run.name.startswith(name)]
+    return {str(run.id): run.state.name for run in runs if run.name.startswith(name)}
+
+
+def new_states(client, name: str, before: dict[str, str]) -> list[str]:
+    return [state for run_id, state in task_run_states(client, name).items() if run_id not in before]
 
 
 def compress_run_count(client) -> int:
@@ -71,8 +76,8 @@ def test_2x2_grid_ranks_four_points_and_shares_fetch_and_dataset(
             for r in results} == {(0.01, 64), (0.01, 128), (0.1, 64), (0.1, 128)}  # fmt: skip
 
     # Fetch and dataset build ran once (the sweep's own warm-up); every point's runs hit the cache.
-    fetch = task_run_states(stack_client, "fetch model")[len(fetch_before):]
-    build = task_run_states(stack_client, "build dataset")[len(build_before):]
+    fetch = new_states(stack_client, "fetch model", fetch_before)
+    build = new_states(stack_client, "build dataset", build_before)
     assert fetch.count("Completed") == 1 and fetch.count("Cached") >= 4, fetch
     assert build.count("Completed") == 1 and build.count("Cached") >= 4, build
 
