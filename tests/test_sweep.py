@@ -75,11 +75,12 @@ def test_2x2_grid_ranks_four_points_and_shares_fetch_and_dataset(
     assert {(r["point"]["recipe_args"]["dampening_frac"], r["point"]["recipe_args"]["block_size"])
             for r in results} == {(0.01, 64), (0.01, 128), (0.1, 64), (0.1, 128)}  # fmt: skip
 
-    # Fetch and dataset build ran once (the sweep's own warm-up); every point's runs hit the cache.
+    # Fetch and dataset build ran at most once (the sweep's own warm-up; not at all when an
+    # earlier test of the session already did the same work); every point's runs hit the cache.
     fetch = new_states(stack_client, "fetch model", fetch_before)
     build = new_states(stack_client, "build dataset", build_before)
-    assert fetch.count("Completed") == 1 and fetch.count("Cached") >= 4, fetch
-    assert build.count("Completed") == 1 and build.count("Cached") >= 4, build
+    assert fetch.count("Completed") <= 1 and fetch.count("Cached") >= 4, fetch
+    assert build.count("Completed") <= 1 and build.count("Cached") >= 4, build
 
 
 def test_failed_point_is_recorded_and_a_rerun_finishes_only_it(
