@@ -10,15 +10,8 @@ from __future__ import annotations
 import time
 
 from prefect.logging import get_run_logger
-from pydantic import BaseModel
-
 from tasks import tracking
-
-
-class StageRecord(BaseModel):
-    name: str
-    seconds: float
-    cached: bool
+from tasks.publish import StageRecord
 
 
 class Stages:

@@ -33,7 +33,6 @@ from prefect.logging import get_run_logger
 from pydantic import BaseModel, Field
 
 from flows.params import OutputArgs, RecipeArgs
-from flows.stages import StageRecord
 from tasks import tracking
 from tasks.build_dataset import BuiltDataset
 from tasks.calibrate import Calibration
@@ -44,6 +43,12 @@ from tasks.render_recipe import RenderedRecipe
 
 MANIFEST = "manifest.json"
 LIBRARIES = ("llmcompressor", "compressed-tensors", "transformers", "torch", "datasets", "prefect")
+
+
+class StageRecord(BaseModel):
+    name: str
+    seconds: float
+    cached: bool
 
 
 class PublishedModel(BaseModel):
