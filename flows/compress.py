@@ -41,7 +41,7 @@ def default_task_name(model: ModelArgs, recipe: RecipeArgs) -> str:
 
 
 # Results persist so callers of the deployment (sweeps) can read the PublishedModel back.
-@flow(name="compress-model", log_prints=True, persist_result=True)
+@flow(name="compress-model", persist_result=True)
 def compress(
     model: ModelArgs,
     dataset: DatasetArgs = DatasetArgs(),

@@ -124,7 +124,7 @@ def metric_rows(report: EvaluationReport, gate: QualityGate) -> list[dict]:
     return rows
 
 
-@flow(name="evaluate-model", log_prints=True, persist_result=True)
+@flow(name="evaluate-model", persist_result=True)
 def evaluate(
     compressed: ModelArgs,
     base: ModelArgs | None = None,

@@ -115,7 +115,7 @@ def point_params(
     }
 
 
-@flow(name="sweep-recipe", log_prints=True)
+@flow(name="sweep-recipe")
 def sweep(
     model: ModelArgs,
     output_root: str,
