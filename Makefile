@@ -9,7 +9,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo test clean
+.PHONY: demo test unit lint format clean
 
 # torch first, pinned: resolving a bare torch pulls the newest CUDA build (several GB).
 $(STAMP): pyproject.toml
@@ -20,10 +20,24 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m demo
+	$(PY) -m compressflow.demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The fast tests alone: no Prefect server, no end-to-end run.
+unit: $(STAMP)
+	$(PY) -m pytest -q -m "not e2e"
+
+# Formatter, linter and the import-layers contract (pyproject.toml), as CI runs them.
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(PY) tools/check_layers.py
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
 
 clean:
 	rm -rf .demo outputs

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.local_text import python_docs
+from compressflow.local_text import python_docs
 
 REPO = Path(__file__).resolve().parent.parent
 RESULT_PREFIX = "BENCH_RESULT "
@@ -68,13 +68,17 @@ def run_child(args: list[str], env: dict[str, str], log_path: Path) -> ChildRun:
     proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4, not by Popen
     output = log_path.read_text(errors="replace")
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(args)} exited {proc.returncode}; log {log_path}:\n"
-                           f"{output[-4000:]}")  # fmt: skip
+        raise RuntimeError(
+            f"{' '.join(args)} exited {proc.returncode}; log {log_path}:\n{output[-4000:]}"
+        )
     result = next(
-        (json.loads(line[len(RESULT_PREFIX):]) for line in output.splitlines()
-         if line.startswith(RESULT_PREFIX)),
+        (
+            json.loads(line[len(RESULT_PREFIX) :])
+            for line in output.splitlines()
+            if line.startswith(RESULT_PREFIX)
+        ),
         {},
-    )  # fmt: skip
+    )
     return ChildRun(
         wall_s=wall,
         cpu_s=usage.ru_utime + usage.ru_stime,

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common import long_texts, median, print_result, run_child, write_jsonl
+from compressflow.results import FetchedModel
 
 MODULE = "benchmarks.dataset_build"
 VARIANTS = ("compressflow", "llm-compressor")
@@ -41,25 +42,36 @@ def ours(args) -> dict:
     import numpy  # noqa: F401
     from transformers import AutoConfig, AutoTokenizer  # noqa: F401
 
-    from flows.params import DatasetArgs
-    from tasks.build_dataset import build
-    from tasks.fetch_model import FetchedModel
+    from compressflow.params import DatasetArgs
+    from compressflow.tasks.build_dataset import build
 
-    model = FetchedModel(path=args.model, source="local", model_id=args.model,
-                         identity="sha256:benchmark", size_bytes=0)  # fmt: skip
+    model = FetchedModel(
+        path=args.model,
+        source="local",
+        model_id=args.model,
+        identity="sha256:benchmark",
+        size_bytes=0,
+    )
     started = time.perf_counter()
     built = build(
         DatasetArgs(dataset_name=args.data, text_samples=args.samples, max_seq_len=args.tokens),
         model,
     )
-    return {"build_s": time.perf_counter() - started, "samples": built.num_samples,
-            "min_tokens": built.token_stats["min"], "total_tokens": built.token_stats["total"]}  # fmt: skip
+    return {
+        "build_s": time.perf_counter() - started,
+        "samples": built.num_samples,
+        "min_tokens": built.token_stats["min"],
+        "total_tokens": built.token_stats["total"],
+    }
 
 
 def theirs(args) -> dict:
     from datasets import load_dataset
     from llmcompressor.args import DatasetArguments
-    from llmcompressor.datasets.utils import format_calibration_data, get_processed_dataset
+    from llmcompressor.datasets.utils import (
+        format_calibration_data,
+        get_processed_dataset,
+    )
     from transformers import AutoTokenizer
 
     started = time.perf_counter()
@@ -72,8 +84,12 @@ def theirs(args) -> dict:
     tokenized = get_processed_dataset(dataset_args, processor=tokenizer)
     format_calibration_data(dataset_args, tokenized, tokenizer)
     lengths = [len(ids) for ids in tokenized["input_ids"]]
-    return {"build_s": time.perf_counter() - started, "samples": len(lengths),
-            "min_tokens": min(lengths), "total_tokens": sum(lengths)}  # fmt: skip
+    return {
+        "build_s": time.perf_counter() - started,
+        "samples": len(lengths),
+        "min_tokens": min(lengths),
+        "total_tokens": sum(lengths),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,38 +107,62 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    from demo.assets import build_tiny_llama
+    from compressflow.demo.assets import build_tiny_llama
 
     work = Path(tempfile.mkdtemp(prefix="compressflow-dataset-bench-"))
     model = build_tiny_llama(work / "model")  # the demo model: its tokenizer is what matters
     texts = long_texts(AutoTokenizer.from_pretrained(model), args.samples, args.tokens)
     data = write_jsonl(work / "texts.jsonl", texts)
-    print(f"{args.samples} samples x {args.tokens} tokens from {data} "
-          f"({data.stat().st_size / 2**20:.1f} MB); {args.repeats} fresh processes per variant")  # fmt: skip
+    print(
+        f"{args.samples} samples x {args.tokens} tokens from {data} "
+        f"({data.stat().st_size / 2**20:.1f} MB); {args.repeats} fresh processes per variant"
+    )
 
     runs = {v: [] for v in VARIANTS}
     for r in range(args.repeats):
         for variant in VARIANTS:  # interleaved: both see the same machine load
             folder = work / f"{variant}-{r}"
-            env = {**os.environ, "HF_HOME": str(folder / "hf"), "HF_HUB_OFFLINE": "1",
-                   "COMPRESSFLOW_CACHE_DIR": str(folder / "cache")}  # fmt: skip
-            cmd = [MODULE, "--child", variant, "--model", str(model), "--data", str(data),
-                   "--samples", str(args.samples), "--tokens", str(args.tokens)]  # fmt: skip
+            env = {
+                **os.environ,
+                "HF_HOME": str(folder / "hf"),
+                "HF_HUB_OFFLINE": "1",
+                "COMPRESSFLOW_CACHE_DIR": str(folder / "cache"),
+            }
+            cmd = [
+                MODULE,
+                "--child",
+                variant,
+                "--model",
+                str(model),
+                "--data",
+                str(data),
+                "--samples",
+                str(args.samples),
+                "--tokens",
+                str(args.tokens),
+            ]
             run = run_child(cmd, env, folder / "child.log")
             runs[variant].append(run)
-            print(f"  {r + 1} {variant:<15} build {run.result['build_s']:6.2f} s  process "
-                  f"{run.wall_s:5.1f} s  {run.peak_rss_mb:5.0f} MB  "
-                  f"min tokens {run.result['min_tokens']}", flush=True)  # fmt: skip
+            print(
+                f"  {r + 1} {variant:<15} build {run.result['build_s']:6.2f} s  process "
+                f"{run.wall_s:5.1f} s  {run.peak_rss_mb:5.0f} MB  "
+                f"min tokens {run.result['min_tokens']}",
+                flush=True,
+            )
 
     print(f"\n{'variant':<15} {'build s':>8} {'process s':>10} {'peak RSS MB':>12} {'tokens':>9}")
     build_s = {}
     for variant, rs in runs.items():
         build_s[variant] = median(x.result["build_s"] for x in rs)
-        print(f"{variant:<15} {build_s[variant]:>8.2f} {median(x.wall_s for x in rs):>10.1f} "
-              f"{median(x.peak_rss_mb for x in rs):>12.0f} {rs[0].result['total_tokens']:>9}")  # fmt: skip
+        print(
+            f"{variant:<15} {build_s[variant]:>8.2f} {median(x.wall_s for x in rs):>10.1f} "
+            f"{median(x.peak_rss_mb for x in rs):>12.0f} {rs[0].result['total_tokens']:>9}"
+        )
     ratio = build_s["compressflow"] / build_s["llm-compressor"]
-    print(f"\ncompressflow / llm-compressor build time: {ratio:.2f} (target <= 1.00: "
-          f"{'met' if ratio <= 1.0 else 'MISSED'})")  # fmt: skip
+    print(
+        f"\ncompressflow / llm-compressor build time: {ratio:.2f} (target <= 1.00: "
+        f"{'met' if ratio <= 1.0 else 'MISSED'})"
+    )
     shutil.rmtree(work, ignore_errors=True)
     return 0 if ratio <= 1.0 else 1
 

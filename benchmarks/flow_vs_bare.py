@@ -36,7 +36,14 @@ import time
 import urllib.request
 from pathlib import Path
 
-from benchmarks.common import ChildRun, long_texts, median, print_result, run_child, write_jsonl
+from benchmarks.common import (
+    ChildRun,
+    long_texts,
+    median,
+    print_result,
+    run_child,
+    write_jsonl,
+)
 
 TARGET_WALL_RATIO = 1.10
 TARGET_RSS_RATIO = 1.10
@@ -46,7 +53,7 @@ MODULE = "benchmarks.flow_vs_bare"
 
 
 def model_spec():
-    from demo.assets import TinyLlamaSpec
+    from compressflow.demo.assets import TinyLlamaSpec
 
     return TinyLlamaSpec(
         hidden_size=768,
@@ -103,8 +110,8 @@ def bare_child(args) -> None:
 
 def flow_child(args) -> None:
     started = time.perf_counter()
-    from flows.compress import compress
-    from flows.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
+    from compressflow.flows.compress import compress
+    from compressflow.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
 
     imports = time.perf_counter() - started
     mark = time.perf_counter()
@@ -136,10 +143,19 @@ def start_server(home: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str
     url = f"http://127.0.0.1:{port}/api"
     log = (home / "server.log").open("w")
     proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "prefect"), "server", "start",
-         "--host", "127.0.0.1", "--port", str(port)],
-        env={**env, "PREFECT_HOME": str(home)}, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            str(Path(sys.executable).parent / "prefect"),
+            "server",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        env={**env, "PREFECT_HOME": str(home)},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -166,9 +182,9 @@ def prepare(work: Path, samples: int, max_seq_len: int) -> tuple[Path, Path, Pat
     """The model, the texts (each reaching max_seq_len tokens) and the rendered recipe."""
     from transformers import AutoTokenizer
 
-    from demo.assets import build_tiny_llama
-    from flows.params import RecipeArgs
-    from tasks.render_recipe import render
+    from compressflow.demo.assets import build_tiny_llama
+    from compressflow.params import RecipeArgs
+    from compressflow.tasks.render_recipe import render
 
     model = build_tiny_llama(work / "model", model_spec())
     tokenizer = AutoTokenizer.from_pretrained(model)
@@ -205,9 +221,23 @@ def flow_env(env: dict[str, str], folder: Path, api_url: str | None) -> dict[str
 
 
 def child_args(kind: str, model: Path, data: Path, recipe: Path, out: Path, args) -> list[str]:
-    return [MODULE, "--child", kind, "--model", str(model), "--data", str(data),
-            "--recipe-file", str(recipe), "--out", str(out), "--samples", str(args.samples),
-            "--max-seq-len", str(args.max_seq_len)]  # fmt: skip
+    return [
+        MODULE,
+        "--child",
+        kind,
+        "--model",
+        str(model),
+        "--data",
+        str(data),
+        "--recipe-file",
+        str(recipe),
+        "--out",
+        str(out),
+        "--samples",
+        str(args.samples),
+        "--max-seq-len",
+        str(args.max_seq_len),
+    ]
 
 
 def run_round(r: int, work: Path, inputs, env, api_url, args) -> dict[str, ChildRun]:
@@ -220,8 +250,11 @@ def run_round(r: int, work: Path, inputs, env, api_url, args) -> dict[str, Child
         runs[name] = run_child(child_args(kind, model, data, recipe, out, args), child_env, log)
         phases = ", ".join(f"{k} {v:.1f}" for k, v in runs[name].result.get("phases", {}).items())
         run_ = runs[name]
-        print(f"  round {r} {name:<24} {run_.wall_s:6.1f} s wall {run_.cpu_s:6.1f} s CPU "
-              f"{run_.peak_rss_mb:5.0f} MB  load {run_.load_before:.1f}  ({phases})", flush=True)  # fmt: skip
+        print(
+            f"  round {r} {name:<24} {run_.wall_s:6.1f} s wall {run_.cpu_s:6.1f} s CPU "
+            f"{run_.peak_rss_mb:5.0f} MB  load {run_.load_before:.1f}  ({phases})",
+            flush=True,
+        )
 
     run("bare", "bare", folder / "bare-out", env)
     server_env = flow_env(env, folder / "server", api_url)
@@ -256,14 +289,19 @@ def report(rounds: list[dict[str, ChildRun]]) -> bool:
         cold, warm = wall["flow cold (temp server)"], wall["flow warm (temp server)"]
         reference += [
             ("temp server: cold flow/bare wall", cold / wall["bare"], TARGET_WALL_RATIO),
-            ("temp server: cold flow/bare RSS", rss["flow cold (temp server)"] / rss["bare"],
-             TARGET_RSS_RATIO),
+            (
+                "temp server: cold flow/bare RSS",
+                rss["flow cold (temp server)"] / rss["bare"],
+                TARGET_RSS_RATIO,
+            ),
             ("temp server: warm/cold wall", warm / cold, TARGET_WARM_RATIO),
-        ]  # fmt: skip
+        ]
     print(f"\n{'ratio':<34} {'value':>6} {'target':>7}")
     for label, value, target in targets + reference:
-        print(f"{label:<34} {value:>6.3f} {'<=' + format(target, '.2f'):>7}  "
-              f"{'met' if value <= target else 'MISSED'}")  # fmt: skip
+        print(
+            f"{label:<34} {value:>6.3f} {'<=' + format(target, '.2f'):>7}  "
+            f"{'met' if value <= target else 'MISSED'}"
+        )
     print("(targets: the first three; CPU and temporary-server ratios are for reference)")
     all_met = all(value <= target for _, value, target in targets)
     return all_met
@@ -276,9 +314,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-seq-len", type=int, default=256)
     parser.add_argument("--workdir", help="keep everything here (default: a temporary folder)")
     parser.add_argument(
-        "--no-temporary-server", dest="temporary_server", action="store_false",
+        "--no-temporary-server",
+        dest="temporary_server",
+        action="store_false",
         help="skip the variants that start Prefect's temporary server",
-    )  # fmt: skip
+    )
     parser.add_argument("--child", choices=["bare", "flow"], help=argparse.SUPPRESS)
     for name in ("--model", "--data", "--recipe-file", "--out"):
         parser.add_argument(name, help=argparse.SUPPRESS)
@@ -289,8 +329,11 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="compressflow-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    print(f"work folder {work}; {args.samples} samples x {args.max_seq_len} tokens, {PRESET}, "
-          f"model {model_spec()}", flush=True)  # fmt: skip
+    print(
+        f"work folder {work}; {args.samples} samples x {args.max_seq_len} tokens, {PRESET}, "
+        f"model {model_spec()}",
+        flush=True,
+    )
     inputs = prepare(work, args.samples, args.max_seq_len)
     env = base_env(work)
     server_home = work / "prefect-server"
@@ -299,7 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     server, api_url = start_server(server_home, env)
     print(f"prefect server at {api_url} (healthy after {time.perf_counter() - started:.1f} s)")
     try:
-        rounds = [run_round(r, work, inputs, env, api_url, args) for r in range(1, args.repeats + 1)]
+        rounds = [
+            run_round(r, work, inputs, env, api_url, args) for r in range(1, args.repeats + 1)
+        ]
     finally:
         stop_server(server)
     met = report(rounds)

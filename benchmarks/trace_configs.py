@@ -33,13 +33,28 @@ ROPE = {
 }
 # Values from the meta-llama/Llama-3.1-*B config.json files.
 CONFIGS = {
-    "8B": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-               num_attention_heads=32, num_key_value_heads=8),
-    "70B": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
-                num_attention_heads=64, num_key_value_heads=8),
-    "405B": dict(hidden_size=16384, intermediate_size=53248, num_hidden_layers=126,
-                 num_attention_heads=128, num_key_value_heads=8),
-}  # fmt: skip
+    "8B": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+    ),
+    "70B": dict(
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+    ),
+    "405B": dict(
+        hidden_size=16384,
+        intermediate_size=53248,
+        num_hidden_layers=126,
+        num_attention_heads=128,
+        num_key_value_heads=8,
+    ),
+}
 RESULT_PREFIX = "TRACE_RESULT "
 
 
@@ -62,7 +77,7 @@ def run_one(name: str, tokens: int) -> None:
     """Child process: trace one config and print its report on a marked line."""
     import torch
 
-    from tasks.check_traceability import trace_config
+    from compressflow.tasks.check_traceability import trace_config
 
     # A fixed, spread-out sample within the vocabulary: tracing needs shapes, not meaning.
     ids = (torch.arange(tokens) * 7919).remainder(VOCAB).unsqueeze(0)

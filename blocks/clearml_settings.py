@@ -10,6 +10,8 @@ from __future__ import annotations
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr
 
+from compressflow.errors import InputError
+
 
 class ClearMLSettings(Block):
     """Credentials and defaults for logging compression runs to a ClearML server."""
@@ -35,3 +37,17 @@ class ClearMLSettings(Block):
     connect_timeout_seconds: float = Field(
         default=10.0, gt=0, description="How long to wait for the server before logging offline."
     )
+
+
+def load_clearml_settings(block_name: str | None) -> ClearMLSettings | None:
+    """The block a run's `tracking.clearml_block` names; None when it names none."""
+    if block_name is None:
+        return None
+    try:
+        return ClearMLSettings.load(block_name)
+    except ValueError as exc:
+        raise InputError(
+            "tracking.clearml_block",
+            f"no ClearMLSettings block named {block_name!r} ({exc})",
+            "create it with `python -m compressflow.blocks.register` or fix the name",
+        ) from exc

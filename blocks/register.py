@@ -1,4 +1,4 @@
-"""Register compressflow's block types and save its blocks: `python -m blocks.register`.
+"""Register compressflow's block types and save its blocks: `python -m compressflow.blocks.register`.
 
 One command for a new Prefect server (or workspace), safe to rerun: each block is created or
 updated in place. Values come from flags, else from the environment, and secrets are never printed:
@@ -21,8 +21,8 @@ from pathlib import Path
 
 from prefect.blocks.system import Secret
 
-from blocks.clearml_settings import ClearMLSettings
-from blocks.output_settings import OutputSettings
+from compressflow.blocks.clearml_settings import ClearMLSettings
+from compressflow.blocks.output_settings import OutputSettings
 
 OUTPUT_BLOCK = "compressflow"
 CLEARML_BLOCK = "clearml"
@@ -32,7 +32,7 @@ HUB_TOKEN_BLOCK = "hf-token"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     env = os.environ.get
     parser = argparse.ArgumentParser(
-        prog="python -m blocks.register", description=__doc__.split("\n")[0]
+        prog="python -m compressflow.blocks.register", description=__doc__.split("\n")[0]
     )
     parser.add_argument(
         "--output-dir",
@@ -86,8 +86,10 @@ def register(args: argparse.Namespace) -> list[str]:
         slug = ClearMLSettings.get_block_type_slug()
         done.append(f"saved {slug}/{CLEARML_BLOCK}: {args.clearml_api_host}")
     elif args.clearml_api_host or access_key or secret_key:
-        done.append("skipped ClearML Settings: it needs an API host, CLEARML_API_ACCESS_KEY and "
-                    "CLEARML_API_SECRET_KEY together")  # fmt: skip
+        done.append(
+            "skipped ClearML Settings: it needs an API host, CLEARML_API_ACCESS_KEY and "
+            "CLEARML_API_SECRET_KEY together"
+        )
     else:
         done.append("skipped ClearML Settings: no server given (runs log offline)")
 

@@ -3,7 +3,7 @@
 Builds the demo model under .demo/ if it is missing, runs the compress-model flow on Prefect's
 local backend with ClearML offline, and prints where the result is, its size against the
 original and the time each stage took. Pass a hub model id to compress that model instead:
-`python -m demo meta-llama/Llama-3.2-1B-Instruct` (needs network, and a token for gated models).
+`python -m compressflow.demo meta-llama/Llama-3.2-1B-Instruct` (needs network, and a token for gated models).
 """
 
 from __future__ import annotations
@@ -26,18 +26,20 @@ def main() -> None:
 
     started = time.perf_counter()
     if options.model_id is None:
-        from demo.assets import build_tiny_llama
+        from compressflow.demo.assets import build_tiny_llama
 
         options.model_id = str(build_tiny_llama(DEMO_DIR / "tiny-llama").resolve())
     os.environ.setdefault("COMPRESSFLOW_OUTPUT_DIR", str((DEMO_DIR / "outputs").resolve()))
 
-    from flows.compress import compress
-    from flows.params import DatasetArgs, ModelArgs, RecipeArgs
+    from compressflow.flows.compress import compress
+    from compressflow.params import DatasetArgs, ModelArgs, RecipeArgs
 
     published = compress(
         model=ModelArgs(model_id=options.model_id),
         dataset=DatasetArgs(
-            dataset_name="python_docs", text_samples=options.samples, max_seq_len=options.max_seq_len
+            dataset_name="python_docs",
+            text_samples=options.samples,
+            max_seq_len=options.max_seq_len,
         ),
         recipe=RecipeArgs(recipe=options.recipe),
     )

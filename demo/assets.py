@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tasks.local_text import python_docs
+from compressflow.local_text import python_docs
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}</s>\n"
@@ -42,7 +42,9 @@ def build_tokenizer(vocab_size: int):
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=special, show_progress=False
+    )
     tok.train_from_iterator(python_docs(), trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,

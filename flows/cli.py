@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from tasks.errors import CompressflowError
+from compressflow.errors import CompressflowError
 
 
 def deployment_parameters(prefect_yaml: Path, name: str) -> dict:
@@ -43,10 +43,13 @@ def main(argv: list[str] | None = None) -> int:
         params = yaml.safe_load(options.params.read_text()) or {}
     unknown = set(params) - {"model", "dataset", "recipe", "output", "tracking"}
     if unknown or "model" not in params:
-        print(f"error: parameters need a 'model' group; unknown groups: {sorted(unknown)}", file=sys.stderr)
+        print(
+            f"error: parameters need a 'model' group; unknown groups: {sorted(unknown)}",
+            file=sys.stderr,
+        )
         return 2
 
-    from flows.validate import validate
+    from compressflow.flows.validate import validate
 
     params.pop("tracking", None)  # nothing to check without a run
     try:
@@ -55,7 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(report.table())
-    print(f"Output: {report.output_path}" + (" (already published: a run would reuse it)" if report.reuses_output else ""))
+    print(
+        f"Output: {report.output_path}"
+        + (" (already published: a run would reuse it)" if report.reuses_output else "")
+    )
     return 0
 
 

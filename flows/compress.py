@@ -10,33 +10,38 @@ from __future__ import annotations
 import shutil
 
 from prefect import flow
-from prefect.logging import get_run_logger
 
-from flows.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs, TrackingArgs
-from flows.stages import Stages
-from tasks.tracking import track_flow_run
-from tasks.build_dataset import build_dataset
-from tasks.calibrate import calibrate
-from tasks.check_traceability import check_traceability
-from tasks.disk_space import check_free_space
-from tasks.events import emit_published
-from tasks.fetch_model import fetch_model
-from tasks.output_lock import output_lock
-from tasks.publish import (
-    PublishedModel,
-    check_target,
+from compressflow.blocks.clearml_settings import load_clearml_settings
+from compressflow.events import emit_published
+from compressflow.flows.checks import check_before_calibration, resolve_inputs
+from compressflow.locks import output_lock
+from compressflow.logs import run_logger
+from compressflow.manifest import (
     find_published,
-    output_path,
-    publish,
+    reference_path,
     remove_stale_staging,
-    run_key,
     staging_path,
 )
-from tasks.render_recipe import render_recipe
+from compressflow.params import (
+    DatasetArgs,
+    ModelArgs,
+    OutputArgs,
+    RecipeArgs,
+    TrackingArgs,
+    VerifyArgs,
+)
+from compressflow.results import PublishedModel
+from compressflow.stages import Stages
+from compressflow.tasks.calibrate import calibrate
+from compressflow.tasks.publish import publish
+from compressflow.tasks.verify import verify
+from compressflow.tracking import track_flow_run
 
 
 def default_task_name(model: ModelArgs, recipe: RecipeArgs) -> str:
-    preset = recipe.recipe if isinstance(recipe.recipe, str) and "\n" not in recipe.recipe else "custom"
+    preset = (
+        recipe.recipe if isinstance(recipe.recipe, str) and "\n" not in recipe.recipe else "custom"
+    )
     return f"{model.model_id.rstrip('/').rsplit('/', 1)[-1]} {preset}"
 
 
@@ -48,62 +53,84 @@ def compress(
     recipe: RecipeArgs = RecipeArgs(),
     output: OutputArgs = OutputArgs(),
     tracking: TrackingArgs = TrackingArgs(),
+    verify: VerifyArgs = VerifyArgs(),
 ) -> PublishedModel:
-    """Compress `model` with `recipe`, calibrated on `dataset`, and publish it to `output`."""
+    """Compress `model` with `recipe`, calibrated on `dataset`, verify it, publish it to `output`."""
     inputs = {
         "model": model.model_dump(),
         "dataset": dataset.model_dump(),
         "recipe": recipe.model_dump(),
         "output": output.model_dump(),
+        "verify": verify.model_dump(),
     }
-    with track_flow_run(tracking, default_task_name(model, recipe), output.tags, inputs) as tracker:
-        published = run_stages(model, dataset, recipe, output, inputs)
+    with track_flow_run(
+        tracking,
+        load_clearml_settings(tracking.clearml_block),
+        default_task_name(model, recipe),
+        output.tags,
+        inputs,
+    ) as tracker:
+        published = run_stages(model, dataset, recipe, output, verify, inputs)
         # Emitted for new and reused outputs alike: tasks/events.py says why.
         emit_published(published, model, output.auto_evaluate)
     if tracker.failures:
-        get_run_logger().warning("ClearML tracking failed: %s", "; ".join(tracker.failures))
+        run_logger(__name__).warning("ClearML tracking failed: %s", "; ".join(tracker.failures))
     return published.model_copy(update={"tracking": tracker.status()})
 
 
 def run_stages(
-    model: ModelArgs, dataset: DatasetArgs, recipe: RecipeArgs, output: OutputArgs, inputs: dict
+    model: ModelArgs,
+    dataset: DatasetArgs,
+    recipe: RecipeArgs,
+    output: OutputArgs,
+    verify_args: VerifyArgs,
+    inputs: dict,
 ) -> PublishedModel:
     """The pipeline: cheap stages first, so mistakes fail before any weights load."""
-    log = get_run_logger()
+    log = run_logger(__name__)
     stages = Stages()
-    rendered = stages.run(render_recipe, recipe)
-    fetched = stages.run(fetch_model, model)
-    built = stages.run(build_dataset, dataset, fetched, rendered.needs_data)
-
-    key = run_key(fetched, built, rendered, recipe, output)
-    target = output_path(output, fetched, rendered)
+    resolved = resolve_inputs(stages.run, model, dataset, recipe, output)
+    target = resolved.target
     # One writer per output: a second run waits here, then reuses what the first published
-    # (same inputs) or is refused by check_target (another model).
+    # (same inputs) or is refused by check_output (another model).
     with output_lock(target, log):
-        if existing := find_published(target, key):
+        if existing := find_published(target, resolved.key):
             log.info("Reusing %s: it was published from the same model, data and recipe", target)
             return existing.model_copy(update={"stages": stages.records})
-        check_target(target, key, output.overwrite)
         remove_stale_staging(target)
-        check_free_space(target.parent, fetched, rendered.scheme, output.save_compressed, log)
+        check_before_calibration(stages.run, resolved, recipe, output)
 
-        stages.run(check_traceability, fetched, rendered, built, recipe)
         staging = staging_path(target)
         try:
             calibration = stages.run(
                 calibrate,
-                fetched,
-                built,
-                rendered,
+                resolved.model,
+                resolved.dataset,
+                resolved.recipe,
                 recipe,
                 str(staging),
+                verify_args,
                 output.save_compressed,
                 dataset.data_collator,
             )
+            verification = stages.run(
+                verify, calibration, resolved.model, resolved.recipe, verify_args, str(target)
+            )
             published = stages.run(
-                publish, calibration, fetched, built, rendered, str(target), key, inputs, output,
-                stages.as_dicts(),
-            )  # fmt: skip
+                publish,
+                calibration,
+                verification,
+                resolved.model,
+                resolved.dataset,
+                resolved.recipe,
+                str(target),
+                resolved.key,
+                inputs,
+                output,
+                list(stages.records),
+            )
         finally:
-            shutil.rmtree(staging, ignore_errors=True)  # gone already when publishing succeeded
+            # Gone already when publishing succeeded; the reference logits are never published.
+            shutil.rmtree(staging, ignore_errors=True)
+            reference_path(staging).unlink(missing_ok=True)
     return published.model_copy(update={"stages": stages.records})

@@ -13,114 +13,67 @@ The evaluate-model deployment in prefect.yaml is triggered by `compressflow.mode
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from prefect import flow
 from prefect.artifacts import create_table_artifact
-from prefect.logging import get_run_logger
-from pydantic import BaseModel, ConfigDict, Field
 
-from flows.params import IMPORT_PATH_PATTERN, DatasetArgs, ModelArgs, TrackingArgs
-from tasks.errors import InputError
-from tasks.evaluation import (
-    EvaluationReport,
-    QualityThresholdExceeded,
-    base_model_args,
-    breaches,
-    build_held_out,
-    calibration_args,
-    check_lm_eval,
-    compare_models,
-    published_manifest,
-    resolve_compressed,
-    run_lm_eval,
+from compressflow.blocks.clearml_settings import load_clearml_settings
+from compressflow.errors import InputError, QualityThresholdExceeded
+from compressflow.logs import run_logger
+from compressflow.manifest import read_manifest
+from compressflow.params import (
+    HeldOutArgs,
+    LmEvalArgs,
+    ModelArgs,
+    QualityGate,
+    TrackingArgs,
 )
-from tasks.fetch_model import fetch_model
-from tasks.tracking import track_flow_run
-
-
-class _Args(BaseModel):
-    # As in flows/params.py: an unknown key is a typo, refused rather than ignored.
-    model_config = ConfigDict(extra="forbid")
-
-
-class HeldOutArgs(_Args):
-    dataset_name: str = Field(
-        default="python_docs",
-        min_length=1,
-        description="Evaluation text: a dataset shortcut, hub dataset id or local file, as in "
-        "compress-model's dataset. When it is the calibration dataset, the calibration samples "
-        "are left out.",
-    )
-    dataset_config_name: str | None = Field(default=None, description="Hub dataset configuration.")
-    split: str | None = Field(
-        default=None, description="Split to sample from; a shortcut's default when empty."
-    )
-    text_column: str | None = Field(
-        default=None, description="Column holding the text or chat messages."
-    )
-    dataset_loader: str | None = Field(
-        default=None,
-        pattern=IMPORT_PATH_PATTERN,
-        description="`module:function` returning a datasets.Dataset, called with DatasetArgs.",
-    )
-    samples: int = Field(default=32, gt=0, description="Number of held-out texts scored.")
-    max_seq_len: int = Field(default=512, gt=1, description="Maximum tokens per text.")
-    seed: int = Field(
-        default=1234, description="Seed for sampling held-out rows (calibration's default is 42)."
-    )
-
-    def dataset_args(self) -> DatasetArgs:
-        fields = self.model_dump(exclude={"samples"})
-        return DatasetArgs(**fields, text_samples=self.samples)
-
-
-class QualityGate(_Args):
-    max_perplexity_increase_pct: float | None = Field(
-        default=10.0,
-        ge=0,
-        description="Largest allowed perplexity increase over the base model, in percent "
-        "(empty: no limit).",
-    )
-    max_kl: float | None = Field(
-        default=0.1,
-        ge=0,
-        description="Largest allowed mean KL(base || compressed) per token, in nats "
-        "(empty: no limit).",
-    )
-    on_threshold: Literal["fail", "flag"] = Field(
-        default="fail",
-        description="fail: the run fails when a limit is passed. flag: it completes, with "
-        "passed=false in its result, a warning and the artifact marking the breach.",
-    )
-
-
-class LmEvalArgs(_Args):
-    tasks: list[str] = Field(
-        default_factory=list,
-        description="lm-eval-harness task names (e.g. hellaswag) run on both models; needs "
-        "lm-eval installed on the worker and the tasks' datasets reachable.",
-    )
-    limit: int | None = Field(
-        default=None, gt=0, description="Examples per lm-eval task (empty: all of them)."
-    )
+from compressflow.quality import breaches
+from compressflow.results import EvaluationReport
+from compressflow.tasks.build_held_out import build_held_out
+from compressflow.tasks.compare_models import compare_models
+from compressflow.tasks.fetch_model import fetch_model, resolve_compressed
+from compressflow.tasks.run_lm_eval import check_lm_eval, run_lm_eval
+from compressflow.tracking import track_flow_run
 
 
 def metric_rows(report: EvaluationReport, gate: QualityGate) -> list[dict]:
     """The table shown in Prefect and ClearML: one row per metric, base beside compressed."""
     m = report.metrics
     rows = [
-        {"metric": "perplexity", "base": m.base_perplexity, "compressed": m.compressed_perplexity,
-         "change": f"{m.perplexity_increase_pct:+.2f}%", "limit": gate.max_perplexity_increase_pct},
-        {"metric": "KL(base || compressed), nats/token", "base": 0.0,
-         "compressed": m.kl_divergence, "change": "", "limit": gate.max_kl},
-        {"metric": "top-1 agreement", "base": 1.0, "compressed": m.top1_agreement,
-         "change": "", "limit": None},
-    ]  # fmt: skip
+        {
+            "metric": "perplexity",
+            "base": m.base_perplexity,
+            "compressed": m.compressed_perplexity,
+            "change": f"{m.perplexity_increase_pct:+.2f}%",
+            "limit": gate.max_perplexity_increase_pct,
+        },
+        {
+            "metric": "KL(base || compressed), nats/token",
+            "base": 0.0,
+            "compressed": m.kl_divergence,
+            "change": "",
+            "limit": gate.max_kl,
+        },
+        {
+            "metric": "top-1 agreement",
+            "base": 1.0,
+            "compressed": m.top1_agreement,
+            "change": "",
+            "limit": None,
+        },
+    ]
     for name, value in report.lm_eval.get("compressed", {}).items():
         base = report.lm_eval.get("base", {}).get(name)
-        rows.append({"metric": f"lm-eval {name}", "base": base, "compressed": value,
-                     "change": "", "limit": None})  # fmt: skip
+        rows.append(
+            {
+                "metric": f"lm-eval {name}",
+                "base": base,
+                "compressed": value,
+                "change": "",
+                "limit": None,
+            }
+        )
     return rows
 
 
@@ -137,18 +90,18 @@ def evaluate(
 
     `base` defaults to the model recorded in the compressed model's manifest.
     """
-    log = get_run_logger()
+    log = run_logger(__name__)
     check_lm_eval(lm_eval.tasks)
     compressed_path = resolve_compressed(compressed)
-    manifest = published_manifest(str(compressed_path))
-    base = base or base_model_args(manifest)
+    manifest = read_manifest(compressed_path)
+    base = base or (manifest.base_model_args() if manifest else None)
     if base is None:
         raise InputError(
             "base",
             f"{compressed.model_id} has no compressflow manifest naming its base model",
             "pass base.model_id (the model it was compressed from)",
         )
-    scheme = manifest.get("result", {}).get("scheme")
+    scheme = manifest.result.scheme if manifest else None
     inputs = {
         "compressed": compressed.model_dump(),
         "base": base.model_dump(),
@@ -157,10 +110,16 @@ def evaluate(
         "lm_eval": lm_eval.model_dump(),
     }
     with track_flow_run(
-        tracking, f"evaluate {compressed_path.name}", ["evaluation", scheme or "custom"], inputs
+        tracking,
+        load_clearml_settings(tracking.clearml_block),
+        f"evaluate {compressed_path.name}",
+        ["evaluation", scheme or "custom"],
+        inputs,
     ) as tracker:
         fetched = fetch_model(base)
-        text = build_held_out(held_out.dataset_args(), fetched, calibration_args(manifest))
+        text = build_held_out(
+            held_out.dataset_args(), fetched, manifest.calibration_args() if manifest else None
+        )
         metrics = compare_models(fetched, str(compressed_path), text)
         scores = {
             name: run_lm_eval(path, lm_eval.tasks, lm_eval.limit, base.trust_remote_code)
@@ -200,6 +159,11 @@ def evaluate(
     if found:
         message = f"{compressed_path} lost too much quality: {'; '.join(found)}"
         if gate.on_threshold == "fail":
-            raise QualityThresholdExceeded(message)
+            raise QualityThresholdExceeded(
+                "gate",
+                message,
+                "use a gentler recipe (more calibration samples, a wider scheme) or, if the loss is "
+                "acceptable, raise the limits or set quality_gate.on_threshold to flag",
+            )
         log.warning("Flagged: %s", message)
     return report

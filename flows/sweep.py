@@ -18,67 +18,36 @@ from __future__ import annotations
 import itertools
 import random
 from pathlib import Path
-from typing import Any, Literal
 
 from prefect import flow
 from prefect.artifacts import create_table_artifact
-from prefect.logging import get_run_logger
-from pydantic import BaseModel, ConfigDict, Field
 
-from flows.evaluate import HeldOutArgs
-from flows.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs, TrackingArgs
-from tasks.build_dataset import build_dataset
-from tasks.fetch_model import fetch_model
-from tasks.render_recipe import render_recipe
-from tasks.sweep_point import METRICS, Point, PointResult, run_point
-from tasks.tracking import track_flow_run
-
-
-class _Args(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class SearchSpace(_Args):
-    recipe_args: dict[str, list[Any]] = Field(
-        default_factory=dict,
-        description="Values to try for each recipe placeholder, e.g. "
-        "{dampening_frac: [0.01, 0.1], block_size: [64, 128]}.",
-    )
-    text_samples: list[int] = Field(
-        default_factory=list,
-        description="Calibration sample counts to try; empty: dataset.text_samples only.",
-    )
-    strategy: Literal["grid", "random"] = Field(
-        default="grid", description="grid: every combination; random: `budget` of them."
-    )
-    budget: int | None = Field(
-        default=None, gt=0, description="Random search: how many points (default: all)."
-    )
-    seed: int = Field(default=0, description="Random search: which points are drawn.")
-
-
-class Objective(_Args):
-    metric: Literal[METRICS] = Field(  # type: ignore[valid-type]
-        default="kl_divergence", description="An evaluate-model metric to rank points by."
-    )
-    direction: Literal["minimize", "maximize"] = Field(default="minimize")
-
-
-class Deployments(_Args):
-    compress: str = Field(default="compress-model/compress", description="flow/deployment name.")
-    evaluate: str = Field(default="evaluate-model/evaluate", description="flow/deployment name.")
-
-
-class SweepReport(BaseModel):
-    results: list[PointResult] = Field(description="Completed points best first, then failures.")
-    best: PointResult | None
+from compressflow.blocks.clearml_settings import load_clearml_settings
+from compressflow.logs import run_logger
+from compressflow.params import (
+    DatasetArgs,
+    Deployments,
+    HeldOutArgs,
+    ModelArgs,
+    Objective,
+    OutputArgs,
+    RecipeArgs,
+    SearchSpace,
+    TrackingArgs,
+)
+from compressflow.results import Point, PointResult, SweepReport
+from compressflow.tasks.build_dataset import build_dataset
+from compressflow.tasks.fetch_model import fetch_model
+from compressflow.tasks.render_recipe import render_recipe
+from compressflow.tasks.sweep_point import run_point
+from compressflow.tracking import track_flow_run
 
 
 def expand(space: SearchSpace, default_samples: int) -> list[Point]:
     """The points of `space`: every combination, or `budget` of them drawn with `seed`."""
     names = list(space.recipe_args)
     combos = [
-        Point(recipe_args=dict(zip(names, values)), text_samples=samples)
+        Point(recipe_args=dict(zip(names, values, strict=True)), text_samples=samples)
         for samples in (space.text_samples or [default_samples])
         for values in itertools.product(*(space.recipe_args[name] for name in names))
     ]
@@ -128,7 +97,7 @@ def sweep(
     tracking: TrackingArgs = TrackingArgs(),
 ) -> SweepReport:
     """Compress and evaluate every point of `space`; rank the points by `objective`."""
-    log = get_run_logger()
+    log = run_logger(__name__)
     points = expand(space, dataset.text_samples)
     root = Path(output_root).expanduser().resolve()
     inputs = {
@@ -137,7 +106,11 @@ def sweep(
         "objective": objective.model_dump(),
     }
     with track_flow_run(
-        tracking, f"sweep {model.model_id.rsplit('/', 1)[-1]}", ["sweep"], inputs
+        tracking,
+        load_clearml_settings(tracking.clearml_block),
+        f"sweep {model.model_id.rsplit('/', 1)[-1]}",
+        ["sweep"],
+        inputs,
     ) as tracker:
         # Shared work, once: every point's compress run finds these in the cache.
         rendered = render_recipe(
@@ -157,11 +130,19 @@ def sweep(
             ", ".join(space.recipe_args) or "text_samples",
         )
         futures = [
-            (point, run_point.submit(point, point_params(point, model, dataset, recipe, root),
-                                     held_out.model_dump(), objective.metric,
-                                     deployments.compress, deployments.evaluate))
+            (
+                point,
+                run_point.submit(
+                    point,
+                    point_params(point, model, dataset, recipe, root),
+                    held_out.model_dump(),
+                    objective.metric,
+                    deployments.compress,
+                    deployments.evaluate,
+                ),
+            )
             for point in points
-        ]  # fmt: skip
+        ]
         results = []
         for point, future in futures:
             future.wait()

@@ -8,41 +8,46 @@ followed by METRIC "time 0.06s" and "error 9.05"), so a loguru sink collects the
 
 from __future__ import annotations
 
+import gc
 import re
 import resource
+import shutil
 import time
 from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from prefect.logging import get_run_logger
-from pydantic import BaseModel, Field
 
-from flows.params import RecipeArgs
-from tasks import tracking
-from tasks.build_dataset import BuiltDataset
-from tasks.check_traceability import restored_torch_functions
-from tasks.disk_space import disk_full_is_clear
-from tasks.fetch_model import FetchedModel, folder_size
-from tasks.imports import import_callable
-from tasks.progress import sequential_passes, subgraphs_per_pass, watch_calibration
-from tasks.render_recipe import RenderedRecipe
-
-
-class ModuleMetric(BaseModel):
-    name: str
-    error: float | None = None
-    seconds: float | None = None
-
-
-class Calibration(BaseModel):
-    staging_path: str = Field(description="Folder holding the saved checkpoint, not yet published.")
-    seconds: float
-    peak_rss_mb: float = Field(description="Peak resident memory of the process so far.")
-    peak_gpu_mb: float | None = Field(default=None, description="Peak CUDA memory, when on GPU.")
-    checkpoint_bytes: int
-    modules: list[ModuleMetric] = Field(default_factory=list)
-
+from compressflow import tracking
+from compressflow.compat import (
+    add_reloadable_ignore_names,
+    as_plain_linear,
+    save_under_source_names,
+)
+from compressflow.disk_space import disk_full_is_clear, folder_size
+from compressflow.errors import CalibrationError
+from compressflow.imports import import_callable
+from compressflow.local_text import verification_texts
+from compressflow.logs import run_logger
+from compressflow.manifest import reference_path
+from compressflow.params import RecipeArgs, VerifyArgs
+from compressflow.progress import (
+    sequential_passes,
+    subgraphs_per_pass,
+    watch_calibration,
+)
+from compressflow.quality import logits_of
+from compressflow.registries.architectures import ARCHITECTURES
+from compressflow.results import (
+    BuiltDataset,
+    Calibration,
+    FetchedModel,
+    ModuleMetric,
+    RenderedRecipe,
+)
+from compressflow.text_sources import load_processor
+from compressflow.tracing import restored_torch_functions
+from compressflow.vision import collate_one
 
 _QUANTIZING = re.compile(r"Quantizing \d+ module\(s\): \[(.*)\]")
 _METRIC = re.compile(r"^(time|error)\s+([-+0-9.eE]+|nan|inf)s?$")
@@ -72,6 +77,54 @@ def layer_index(module_name: str) -> int:
     return int(match.group(1)) if match else 0
 
 
+def raised_in(exc: BaseException, function) -> bool:
+    """Whether `function`'s own code is on the traceback of `exc` (False for no function)."""
+    code = getattr(function, "__code__", None)
+    frame = exc.__traceback__
+    while code is not None and frame is not None:
+        if frame.tb_frame.f_code is code:
+            return True
+        frame = frame.tb_next
+    return False
+
+
+def capture_reference(model, processor, verify: VerifyArgs, staging: Path) -> Path:
+    """Save the base model's logits on the verification texts, with the token ids."""
+    import torch
+
+    tokenizer = getattr(processor, "tokenizer", processor)
+    samples = [
+        ids[: verify.max_seq_len]
+        for ids in tokenizer(verification_texts(verify.samples))["input_ids"]
+    ]
+    path = reference_path(staging)
+    torch.save({"input_ids": samples, "logits": logits_of(model, samples)}, path)
+    return path
+
+
+# Files a server reads beside the weights; saved by whatever processor could be built, and
+# copied from the source when it could not build them (e.g. an image processor config).
+PREPROCESSING = (
+    "*processor_config.json",
+    "chat_template.*",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.*",
+    "merges.txt",
+    "*.model",
+    "*.tiktoken",
+    "generation_config.json",
+)
+
+
+def copy_preprocessing_files(source: Path, staging: Path) -> None:
+    for pattern in PREPROCESSING:
+        for file in source.glob(pattern):
+            if file.is_file() and not (staging / file.name).exists():
+                shutil.copy2(file, staging / file.name)
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
@@ -83,24 +136,35 @@ def calibrate(
     recipe: RenderedRecipe,
     args: RecipeArgs,
     staging_path: str,
+    verify: VerifyArgs,
     save_compressed: bool = True,
     data_collator: str | None = None,
 ) -> Calibration:
-    """Load the model, run oneshot with the rendered recipe, save the result to `staging_path`."""
+    """Load the model, run oneshot with the rendered recipe, save the result to `staging_path`.
+
+    Before oneshot changes the model, its logits on the verification texts are saved beside
+    the staging folder, so the verify stage compares against the base without loading it again.
+    """
     import torch
     import transformers
     from datasets import load_from_disk
     from llmcompressor import oneshot
+    from llmcompressor.core import reset_session
     from loguru import logger as loguru_logger
 
-    log = get_run_logger()
+    log = run_logger(__name__)
     model_cls = getattr(transformers, model.model_class)
     loaded = model_cls.from_pretrained(
         model.path, dtype="auto", trust_remote_code=model.trust_remote_code
     )
-    processor = transformers.AutoProcessor.from_pretrained(
-        model.path, trust_remote_code=model.trust_remote_code
-    )
+    processor = load_processor(model)
+    started = time.perf_counter()
+    reference = capture_reference(loaded, processor, verify, Path(staging_path))
+    reference_seconds = time.perf_counter() - started
+    rule = ARCHITECTURES.get(recipe.architecture)
+    if rule and rule.linear_classes:
+        count = as_plain_linear(loaded, rule.linear_classes)
+        log.info("Calibrating %d %s module(s) as nn.Linear", count, "/".join(rule.linear_classes))
     kwargs = {}
     if dataset is not None:
         calibration_data = load_from_disk(dataset.path)
@@ -109,41 +173,77 @@ def calibrate(
             num_calibration_samples=len(calibration_data),
             shuffle_calibration_samples=False,  # sampled (seeded) by the dataset stage
         )
+    if dataset is not None and "pixel_values" in calibration_data.column_names:
+        kwargs["data_collator"] = collate_one  # a user's collator, below, wins
+    user_collator = None
     if data_collator:
-        kwargs["data_collator"] = import_callable(data_collator, "dataset.data_collator", call_with=([],))
+        user_collator = import_callable(data_collator, "dataset.data_collator", call_with=([],))
+        kwargs["data_collator"] = user_collator
     if args.pipeline:
         kwargs["pipeline"] = args.pipeline
-    if args.sequential_targets:
-        kwargs["sequential_targets"] = args.sequential_targets
+    if targets := args.sequential_targets or recipe.sequential_targets:
+        kwargs["sequential_targets"] = targets
     if args.tracing_ignore:
         kwargs["tracing_ignore"] = args.tracing_ignore
 
     sink = ModuleMetricSink()
     sink_id = loguru_logger.add(sink, level="DEBUG", format="{message}")
     started = time.perf_counter()
-    passes = sequential_passes(recipe.yaml, args.pipeline) if dataset is not None else 0
+    passes = sequential_passes(recipe.data_modifiers, args.pipeline) if dataset is not None else 0
     try:
         with (
             restored_torch_functions(),  # the sequential pipeline traces too
-            watch_calibration(subgraphs_per_pass(loaded, args.sequential_targets), passes),
+            watch_calibration(subgraphs_per_pass(loaded, targets), passes),
         ):
             oneshot(model=loaded, processor=processor, recipe=recipe.yaml, **kwargs)
+    except (RuntimeError, ValueError, TypeError, AssertionError, KeyError) as exc:
+        # What the checks before calibration could not foresee: said in the one error format,
+        # with llm-compressor's own error chained below it.
+        first = next((line for line in str(exc).splitlines() if line.strip()), "")
+        cause = f"{type(exc).__name__}: {first[:300].rstrip('.')}"
+        if raised_in(exc, user_collator):
+            raise CalibrationError(
+                "dataset.data_collator",
+                f"the collator {data_collator} raised while calibrating: {cause}",
+                "fix the collator (it receives a list of the dataset's tokenized rows) or leave "
+                "dataset.data_collator empty; the full traceback is in this run's log",
+            ) from exc
+        raise CalibrationError(
+            "recipe.recipe",
+            f"llm-compressor failed while calibrating {model.model_id}: {cause}",
+            "if the message names a layer, add it to the recipe's ignore list; run "
+            "`compressflow validate` on these parameters; the full traceback is in this run's log",
+        ) from exc
     finally:
         loguru_logger.remove(sink_id)
     seconds = time.perf_counter() - started
 
+    if rule and rule.expert_renames:
+        save_under_source_names(loaded, rule.expert_renames)
     staging = Path(staging_path)
     with disk_full_is_clear(staging):
         loaded.save_pretrained(staging, save_compressed=save_compressed)
         processor.save_pretrained(staging)
+        copy_preprocessing_files(Path(model.path), staging)
+    for name in add_reloadable_ignore_names(staging, loaded):
+        log.info("ignore list: added %s, the name the reloaded model gives that module", name)
     result = Calibration(
         staging_path=str(staging),
         seconds=seconds,
         peak_rss_mb=peak_rss_mb(),
-        peak_gpu_mb=torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None,
+        peak_gpu_mb=torch.cuda.max_memory_allocated() / 2**20
+        if torch.cuda.is_available()
+        else None,
         checkpoint_bytes=folder_size(staging),
         modules=sink.modules,
+        reference_seconds=round(reference_seconds, 3),
+        reference_path=str(reference),
     )
+    # Hand the memory back before verify reloads the checkpoint: llm-compressor's session keeps
+    # the calibrated model alive otherwise, and verify would hold two models at once.
+    del loaded
+    reset_session()
+    gc.collect()
     log.info(
         "Calibrated %d module(s) in %.1f s; peak RSS %.0f MB",
         len(result.modules),
@@ -154,9 +254,13 @@ def calibrate(
     for module in result.modules:
         series = module.name.rsplit(".", 1)[-1]
         if module.error is not None:
-            tracker.scalar("quantization error by layer", series, module.error, layer_index(module.name))
+            tracker.scalar(
+                "quantization error by layer", series, module.error, layer_index(module.name)
+            )
         if module.seconds is not None:
-            tracker.scalar("calibration seconds by layer", series, module.seconds, layer_index(module.name))
+            tracker.scalar(
+                "calibration seconds by layer", series, module.seconds, layer_index(module.name)
+            )
     tracker.single("calibration seconds", seconds)
     tracker.single("peak RSS MB", result.peak_rss_mb)
     if result.peak_gpu_mb is not None:

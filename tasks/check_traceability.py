@@ -11,51 +11,22 @@ failing code and the recipe settings that get around it.
 
 from __future__ import annotations
 
-import logging
 import resource
 import time
 import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import yaml
 from prefect import task
-from pydantic import BaseModel, Field
 
-from flows.params import RecipeArgs
-from tasks import tracking
-from tasks.build_dataset import BuiltDataset
-from tasks.errors import RecipeError, TraceabilityError
-from tasks.fetch_model import FetchedModel
-from tasks.logs import run_logger
-from tasks.render_recipe import RenderedRecipe
-
-log = logging.getLogger(__name__)
-
-
-class TraceReport(BaseModel):
-    checked: bool
-    subgraphs: int | None = None
-    seconds: float = 0.0
-    reason: str = ""
-    sequential_targets: list[str] = Field(
-        default_factory=list, description="Module class names the model was partitioned at."
-    )
-    tracing_ignore: list[str] = Field(
-        default_factory=list, description="Function names the tracer skipped."
-    )
-    peak_rss_mb: float | None = Field(
-        default=None,
-        description="Process peak resident memory after tracing (getrusage ru_maxrss). It "
-        "includes the imports and anything the process did before; it is per config only in a "
-        "fresh process, which is how the benchmark measures it.",
-    )
-    rss_growth_mb: float | None = Field(
-        default=None,
-        description="How much tracing raised that peak: 0 when an earlier step peaked higher.",
-    )
+from compressflow import tracking
+from compressflow.errors import RecipeError, TraceabilityError
+from compressflow.logs import run_logger
+from compressflow.params import RecipeArgs
+from compressflow.results import BuiltDataset, FetchedModel, RenderedRecipe, TraceReport
+from compressflow.tracing import meta_model, restored_torch_functions
+from compressflow.vision import model_inputs
 
 
 def _maxrss_mb() -> float:
@@ -89,7 +60,7 @@ def _failure_site(exc: BaseException) -> str:
     return ""
 
 
-def _failure_message(exc: BaseException, targets: list[str], ignore: list[str]) -> str:
+def _trace_error(exc: BaseException, targets: list[str], ignore: list[str]) -> TraceabilityError:
     root = exc.__cause__ or exc
     # The first line is the error; llm-compressor appends pages of recompiled source after it.
     detail = str(root).strip().splitlines()[0] if str(root).strip() else ""
@@ -102,51 +73,16 @@ def _failure_message(exc: BaseException, targets: list[str], ignore: list[str]) 
         if function and function != "forward"
         else "add the function called on the failing line to recipe.tracing_ignore"
     )
-    return (
-        f"The model does not trace for the sequential pipeline: {type(root).__name__}: {detail}"
-        f"{where}. Current recipe.sequential_targets={targets}, recipe.tracing_ignore={ignore}. "
-        f"Fix, in order of preference: {ignore_fix} (the tracer then treats it as an opaque "
+    return TraceabilityError(
+        "recipe.tracing_ignore",
+        f"the model does not trace for the sequential pipeline: {type(root).__name__}: {detail}"
+        f"{where}. Current recipe.sequential_targets={targets}, recipe.tracing_ignore={ignore}",
+        f"in order of preference: {ignore_fix} (the tracer then treats it as an opaque "
         "call); set recipe.sequential_targets to the model's decoder layer "
         "class so less of the model is traced; or set recipe.pipeline to 'basic', which does "
         "not trace (it calibrates the whole model at once, needing far more memory). "
-        "'independent' is no way out: it runs the sequential pipeline for each data modifier."
+        "'independent' is no way out: it runs the sequential pipeline for each data modifier",
     )
-
-
-@contextmanager
-def restored_torch_functions() -> Iterator[None]:
-    """Put back the torch functions llm-compressor's tracer patches, however the trace ends.
-
-    In 0.14.0.1 `HFTracer.patch_for_tracing` restores them after a successful trace only: a
-    failed one leaves `torch.arange`, `torch.zeros`... wrapped for the rest of the process, and
-    every model built afterwards gets garbage rotary frequencies (NaN logits).
-    """
-    import torch
-    from llmcompressor.pipelines.sequential.transformers_helpers import HFTracer
-
-    originals = {name: getattr(torch, name) for name in HFTracer._TORCH_METHODS_TO_PATCH}
-    try:
-        yield
-    finally:
-        for name, function in originals.items():
-            setattr(torch, name, function)
-
-
-def meta_model(config, model_class: str = "AutoModelForCausalLM", trust_remote_code: bool = False):
-    """`config`'s model on the meta device: every module and shape, no weights in memory."""
-    import transformers
-    from accelerate import init_empty_weights
-
-    cls = getattr(transformers, model_class, None)
-    if cls is None:
-        raise TraceabilityError(
-            f"model.model_class '{model_class}' is not a transformers class; use one such as "
-            "AutoModelForCausalLM"
-        )
-    with init_empty_weights():
-        if hasattr(cls, "from_config"):  # an Auto class: it resolves the concrete class
-            return cls.from_config(config, trust_remote_code=trust_remote_code)
-        return cls._from_config(config)  # a concrete class: the config already names its code
 
 
 def check_group_sizes(model: FetchedModel, recipe: RenderedRecipe) -> None:
@@ -191,6 +127,54 @@ def check_group_sizes(model: FetchedModel, recipe: RenderedRecipe) -> None:
             )
 
 
+def check_smoothquant_mappings(model: FetchedModel, recipe: RenderedRecipe) -> None:
+    """Refuse now, on the meta device, SmoothQuant mappings that match nothing in this model.
+
+    llm-compressor resolves them after the weights load and then fails with "Error resolving
+    mappings for given architecture", naming neither the layer nor the fix.
+    """
+    from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier
+    from llmcompressor.modifiers.transform.smoothquant.dynamic_mappings import (
+        get_layer_mappings_from_model,
+    )
+    from llmcompressor.recipe import Recipe
+    from transformers import AutoConfig
+
+    modifiers = [
+        m
+        for m in Recipe.from_dict(yaml.safe_load(recipe.yaml)).modifiers
+        if isinstance(m, SmoothQuantModifier)
+    ]
+    if not modifiers:
+        return
+    config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    meta = meta_model(config, model.model_class, model.trust_remote_code)
+    for modifier in modifiers:
+        given = modifier.mappings is not None
+        modifier.mappings = modifier.mappings or get_layer_mappings_from_model(meta)
+        try:
+            resolved = modifier._resolve_mappings(meta)
+            problem = "" if resolved else "they match no layer"
+        except (RuntimeError, ValueError, KeyError) as exc:
+            cause = exc.__cause__ or exc
+            problem = f"{type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''}"
+        if problem:
+            which = "the recipe's" if given else "llm-compressor's default"
+            shown = [
+                [getattr(m, "balance_layers", m[0]), getattr(m, "smooth_layers", m[-1])]
+                for m in modifier.mappings
+            ]
+            raise RecipeError(
+                "recipe.recipe",
+                f"SmoothQuant cannot smooth {type(meta).__name__} with {which} mappings "
+                f"{shown}: {problem}; it would fail after the weights load",
+                "give SmoothQuantModifier `mappings` that fit this model ([[balance layers...], "
+                "smoothed norm] pairs, e.g. [[['re:.*q_proj$', 're:.*k_proj$', 're:.*v_proj$'], "
+                "'re:.*input_layernorm$']]), or drop SmoothQuantModifier (GPTQ alone still "
+                "quantizes weights and activations to int8)",
+            )
+
+
 def trace_config(
     config,
     sample_input: dict,
@@ -217,23 +201,36 @@ def trace_config(
     # Same inference as llm-compressor's sequential pipeline: default is _no_split_modules.
     targets = infer_sequential_targets(model, sequential_targets)
     targets = sorted(targets) if isinstance(targets, set) else list(targets)
-    if not any(True for _ in match_named_modules(model, targets)):
+    layers = {id(module) for _, module in match_named_modules(model, targets)}
+    if not layers:
         # llm-compressor accepts targets that match nothing and silently calibrates the whole
         # model as one subgraph: the memory blow-up this pipeline exists to avoid.
         layer_classes = sorted(
             {type(m).__name__ for m in model.modules() if "Layer" in type(m).__name__}
         )
         raise TraceabilityError(
-            f"recipe.sequential_targets={targets} match no module of {type(model).__name__}. "
-            f"Fix: set recipe.sequential_targets to its decoder layer class (candidates: "
-            f"{layer_classes or 'none found'}), or leave it empty to use the model's default."
+            "recipe.sequential_targets",
+            f"{targets} match no module of {type(model).__name__}",
+            f"set it to the decoder layer class (candidates: {layer_classes or 'none found'}), "
+            "or leave it empty to use the model's default",
         )
 
     try:
         with restored_torch_functions():
             subgraphs = trace_subgraphs(model, sample_input, targets, ignore)
     except Exception as exc:  # any tracing failure (TraceError, TypeError...) is the user's to fix
-        raise TraceabilityError(_failure_message(exc, targets, ignore)) from exc
+        raise _trace_error(exc, targets, ignore) from exc
+    # A sample that skips some target layers (e.g. cross-attention without an image) leaves
+    # them out of every subgraph: they would get no calibration statistics.
+    if len(subgraphs) < len(layers) + 1:
+        raise TraceabilityError(
+            "recipe.sequential_targets",
+            f"the trace of {type(model).__name__} has {len(subgraphs)} subgraphs for "
+            f"{len(layers)} layers of {targets}: the calibration sample does not reach every "
+            "layer, so some would get no statistics",
+            "calibrate with inputs that reach every layer (e.g. dataset.vision_samples for "
+            "cross-attention layers), or leave the unreached layers unquantized (recipe ignore)",
+        )
 
     seconds = time.perf_counter() - start
     peak = _maxrss_mb()
@@ -250,12 +247,11 @@ def trace_config(
 
 
 def first_sample(dataset: BuiltDataset) -> dict[str, Any]:
-    """The dataset's first row as [1, seq] tensors, the shape the pipeline's dataloader yields."""
-    import torch
+    """The dataset's first row as the tensors the pipeline's dataloader yields: a trace with
+    image+text rows sees the real vision inputs."""
     from datasets import load_from_disk
 
-    row = load_from_disk(dataset.path)[0]
-    return {k: torch.tensor([row[k]]) for k in ("input_ids", "attention_mask") if k in row}
+    return model_inputs(load_from_disk(dataset.path)[0])
 
 
 @task(name="check traceability")
@@ -266,21 +262,22 @@ def check_traceability(
     logger = run_logger(__name__)
     tracker = tracking.current()
     check_group_sizes(model, recipe)
+    check_smoothquant_mappings(model, recipe)
 
     # render_recipe resolves 'independent' to what it runs ('sequential' for data modifiers).
     if recipe.pipeline != "sequential":
         why = "data-free recipe" if not recipe.needs_data else f"the {recipe.pipeline} pipeline"
-        report = TraceReport(
-            checked=False, reason=f"skipped: {why} does not trace the model"
-        )
+        report = TraceReport(checked=False, reason=f"skipped: {why} does not trace the model")
         logger.info("Traceability check %s", report.reason)
         tracker.params("traceability", {"checked": False, "reason": report.reason})
         return report
 
     if dataset is None:
         raise TraceabilityError(
-            "the sequential pipeline needs calibration data and none was built. Fix: set "
-            "dataset.text_samples above 0, or use recipe.pipeline 'datafree' for a data-free recipe"
+            "dataset.text_samples",
+            "the sequential pipeline needs calibration data and none was built",
+            "set dataset.text_samples above 0, or use recipe.pipeline 'datafree' for a data-free "
+            "recipe",
         )
 
     from transformers import AutoConfig
@@ -291,7 +288,7 @@ def check_traceability(
             config,
             first_sample(dataset),
             model_class=model.model_class,
-            sequential_targets=args.sequential_targets,
+            sequential_targets=args.sequential_targets or recipe.sequential_targets,
             tracing_ignore=args.tracing_ignore,
             trust_remote_code=model.trust_remote_code,
         )
@@ -303,9 +300,12 @@ def check_traceability(
 
     logger.info(
         "Traceability check: %s in %.2f s (peak RSS %.0f MB, +%.0f MB); targets=%s",
-        report.reason, report.seconds, report.peak_rss_mb, report.rss_growth_mb,
+        report.reason,
+        report.seconds,
+        report.peak_rss_mb,
+        report.rss_growth_mb,
         report.sequential_targets,
-    )  # fmt: skip
+    )
     tracker.params(
         "traceability",
         {

@@ -16,65 +16,22 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Literal
 
 from prefect import task
-from prefect.logging import get_run_logger
-from pydantic import BaseModel, Field
 
-from flows.params import ModelArgs
-from tasks import tracking
-from tasks.caching import CACHE_EXPIRATION, LocalSourceAware
-from tasks.errors import CompressflowError, ModelFetchError
+from compressflow import tracking
+from compressflow.caching import CACHE_EXPIRATION, LocalSourceAware
+from compressflow.disk_space import folder_size
+from compressflow.errors import HubUnavailableError, ModelFetchError
+from compressflow.logs import run_logger
+from compressflow.params import DEFAULT_MODEL_CLASS, ModelArgs
+from compressflow.results import FetchedModel
 
 # Weight formats we never calibrate from; skipping them halves downloads of repos that ship both
 # safetensors and consolidated checkpoints (e.g. Llama's original/ folder).
 HUB_IGNORE_PATTERNS = ["original/*", "*.pth", "*.gguf", "*.msgpack", "*.h5", "*.onnx", "*.ot"]
 # What validation needs: config, tokenizer, processor and remote code, never weights.
 HUB_CONFIG_PATTERNS = ["*.json", "*.jinja", "*.model", "*.txt", "*.tiktoken", "*.py"]
-
-
-class HubUnavailableError(CompressflowError, ConnectionError):
-    """The hub answered 5xx or 429, or could not be reached: transient, so the fetch retries."""
-
-
-class FetchedModel(BaseModel):
-    """A model on local disk, and what it is, independent of where it came from."""
-
-    path: str = Field(description="Local folder with config, tokenizer and weights.")
-    source: Literal["local", "hub", "clearml"]
-    model_id: str
-    revision_requested: str | None = None
-    revision_resolved: str | None = Field(default=None, description="Hub commit sha.")
-    identity: str = Field(
-        description="Immutable identity: 'hub:<id>@<sha>', 'clearml:<id>:<hash>' or 'sha256:<hash>'."
-    )
-    size_bytes: int
-    parameters: int | None = Field(default=None, description="From safetensors headers.")
-    trust_remote_code: bool = False
-    model_class: str = "AutoModelForCausalLM"
-
-    def exists(self) -> bool:
-        return Path(self.path, "config.json").exists()
-
-    def log_to(self, tracker) -> None:
-        tracker.params("model", self.tracking_params())
-
-    def tracking_params(self) -> dict:
-        return {
-            "model_id": self.model_id,
-            "source": self.source,
-            "revision_requested": self.revision_requested or "",
-            "revision_resolved": self.revision_resolved or "",
-            "identity": self.identity,
-            "size_bytes": self.size_bytes,
-            "parameters": self.parameters or 0,
-            "model_class": self.model_class,
-        }
-
-
-def folder_size(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def content_hash(path: Path) -> str:
@@ -115,6 +72,39 @@ def check_config(path: Path, args: ModelArgs) -> None:
         )
 
 
+def loading_class(path: Path, args: ModelArgs) -> str:
+    """The transformers class that loads the model: `model_class`, or, with the default, the one
+    config.json names when AutoModelForCausalLM would load something else (vision-language
+    models: none at all, or Mllama's text-only class, which cannot read the full config)."""
+    import transformers
+
+    if args.model_class != DEFAULT_MODEL_CLASS or args.trust_remote_code:
+        if not hasattr(transformers, args.model_class):
+            raise ModelFetchError(
+                "model.model_class",
+                f"'{args.model_class}' is not a transformers class",
+                "use a transformers class name, e.g. AutoModelForCausalLM",
+            )
+        return args.model_class
+    config = transformers.AutoConfig.from_pretrained(path)
+    mapping = transformers.AutoModelForCausalLM._model_mapping
+    default = mapping[type(config)].__name__ if type(config) in mapping else None
+    named = [name for name in (config.architectures or []) if hasattr(transformers, name)]
+    if default is not None and (not named or named[0] == default):
+        return args.model_class
+    if not named:
+        raise ModelFetchError(
+            "model.model_class",
+            f"AutoModelForCausalLM cannot load {args.model_id} ({type(config).__name__}) and its "
+            "config.json names no transformers class",
+            "set model.model_class to the class that loads it, e.g. AutoModelForImageTextToText",
+        )
+    run_logger(__name__).info(
+        "%s is a %s: loading it with %s", args.model_id, type(config).__name__, named[0]
+    )
+    return named[0]
+
+
 def hub_token(block_name: str | None) -> str | None:
     """The hub token from a Secret block, else HF_TOKEN (huggingface_hub reads it itself)."""
     if block_name is None:
@@ -127,7 +117,7 @@ def hub_token(block_name: str | None) -> str | None:
         raise ModelFetchError(
             "model.hub_token_block",
             f"no Secret block named {block_name!r} ({exc})",
-            f"create it: Secret(value='hf_...').save({block_name!r}), or run `make blocks`",
+            f"create it: Secret(value='hf_...').save({block_name!r}), or run `python -m compressflow.blocks.register` with HF_TOKEN set",
         ) from exc
 
 
@@ -153,11 +143,14 @@ def hub_unavailable(args: ModelArgs, revision: str, outage: str) -> HubUnavailab
     attempt = ""
     if context is not None:
         tries, total = context.task_run.run_count, context.task.retries + 1
-        attempt = f" on try {tries} of {total}" + ("; giving up" if tries >= total else "; retrying")
+        attempt = f" on try {tries} of {total}" + (
+            "; giving up" if tries >= total else "; retrying"
+        )
     return HubUnavailableError(
-        f"model.model_id: the hub ({constants.ENDPOINT}) {outage} for {args.model_id}@{revision}"
-        f"{attempt}. Fix: retry later (https://status.huggingface.co), or download the model into "
-        "HF_HOME where the hub is reachable and set HF_HUB_OFFLINE=1, or pass a local folder"
+        "model.model_id",
+        f"the hub ({constants.ENDPOINT}) {outage} for {args.model_id}@{revision}{attempt}",
+        "retry later (https://status.huggingface.co), or download the model into HF_HOME where "
+        "the hub is reachable and set HF_HUB_OFFLINE=1, or pass a local folder",
     )
 
 
@@ -270,6 +263,7 @@ def fetch(args: ModelArgs, weights: bool = True) -> FetchedModel:
         source = "hub"
         path, revision_resolved = fetch_from_hub(args, weights)
     check_config(path, args)
+    check_weight_files(path)
     if source == "hub":
         identity = f"hub:{args.model_id}@{revision_resolved}"
     elif source == "clearml":
@@ -286,8 +280,55 @@ def fetch(args: ModelArgs, weights: bool = True) -> FetchedModel:
         size_bytes=folder_size(path),
         parameters=parameter_count(path),
         trust_remote_code=args.trust_remote_code,
-        model_class=args.model_class,
+        model_class=loading_class(path, args),
     )
+
+
+def check_weight_files(path: Path) -> None:
+    """Refuse truncated or corrupt safetensors (an interrupted download) by their headers alone.
+
+    A safetensors file is an 8-byte header length, a JSON header giving each tensor's byte range,
+    then the data: a file shorter than its header says is cut off, whatever loads it later.
+    """
+    fix = (
+        "download the model again (delete the file, or its hub cache folder under HF_HOME, "
+        "first), or restore it from where it was copied"
+    )
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        missing = sorted(
+            {name for name in json.loads(index.read_text())["weight_map"].values()}
+            - {file.name for file in path.glob("*.safetensors")}
+        )
+        if missing:
+            raise ModelFetchError(
+                "model.model_id", f"{path} lacks shards its index lists: {missing[:3]}", fix
+            )
+    for file in sorted(path.glob("*.safetensors")):
+        size = file.stat().st_size
+        with file.open("rb") as handle:
+            prefix = handle.read(8)
+            length = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
+            header = handle.read(length) if 0 <= length <= size - 8 else b""
+        try:
+            tensors = json.loads(header) if header else None
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            tensors = None
+        if tensors is None:
+            raise ModelFetchError(
+                "model.model_id", f"{file} is not a readable safetensors file (corrupt header)", fix
+            )
+        end = max(
+            (spec["data_offsets"][1] for name, spec in tensors.items() if name != "__metadata__"),
+            default=0,
+        )
+        if 8 + length + end > size:
+            raise ModelFetchError(
+                "model.model_id",
+                f"{file} is truncated: its header describes {8 + length + end:,} bytes, the file "
+                f"has {size:,}",
+                fix,
+            )
 
 
 def parameter_count(path: Path) -> int | None:
@@ -313,10 +354,13 @@ def parameter_count(path: Path) -> int | None:
     retry_delay_seconds=[5, 20, 60],
     retry_condition_fn=is_transient,
 )
-def fetch_model(args: ModelArgs) -> FetchedModel:
-    """Fetch the model named by `args` and record its identity, size and parameter count."""
-    fetched = fetch(args)
-    get_run_logger().info(
+def fetch_model(args: ModelArgs, weights: bool = True) -> FetchedModel:
+    """Fetch the model named by `args` and record its identity, size and parameter count.
+
+    `weights=False` (validation) fetches a hub model's config and tokenizer only.
+    """
+    fetched = fetch(args, weights)
+    run_logger(__name__).info(
         "Fetched %s from %s: %s, %.1f MB, %s parameters",
         args.model_id,
         fetched.source,
@@ -326,3 +370,23 @@ def fetch_model(args: ModelArgs) -> FetchedModel:
     )
     tracking.log_result(fetched)
     return fetched
+
+
+def resolve_compressed(args: ModelArgs) -> Path:
+    """The compressed model's local folder: a path, a ClearML model id, or a hub id.
+
+    Not `fetch`: that refuses quantized models, which is exactly what is evaluated here.
+    """
+    if args.clearml_model:
+        return fetch_from_clearml(args)
+    local = Path(args.model_id).expanduser()
+    if local.exists():
+        return local.resolve()
+    if args.model_id.startswith((".", "/", "~")):
+        raise ModelFetchError(
+            "compressed.model_id",
+            f"{args.model_id} does not exist on this worker",
+            "publish to storage every worker mounts (see the OutputSettings block), or pass a "
+            "ClearML model id with clearml_model: true",
+        )
+    return fetch_from_hub(args)[0]

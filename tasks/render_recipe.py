@@ -28,36 +28,19 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 from prefect import task
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import ValidationError
 
-from flows.params import RecipeArgs, RecipeForm
-from tasks import tracking
-from tasks.caching import CACHE_EXPIRATION, LocalSourceAware
-from tasks.errors import RecipeError
-from tasks.logs import run_logger
-from tasks.recipe_presets import PRESETS, Preset
+from compressflow import tracking
+from compressflow.caching import CACHE_EXPIRATION, LocalSourceAware
+from compressflow.errors import RecipeError
+from compressflow.logs import run_logger
+from compressflow.params import RecipeArgs, RecipeForm
+from compressflow.recipe_tree import dump_recipe, first_scheme, iter_modifiers
+from compressflow.registries.presets import PRESETS, Preset
+from compressflow.results import RenderedRecipe
 
 if TYPE_CHECKING:
     from llmcompressor.modifiers import Modifier
-
-
-class RenderedRecipe(BaseModel):
-    yaml: str = Field(description="The rendered recipe: what oneshot gets and recipe.yaml holds.")
-    sha256: str = Field(description="Hash of `yaml`.")
-    source: str = Field(description="'preset:W4A16', 'yaml', 'file:<path>', 'dict' or 'list'.")
-    modifiers: list[str] = Field(description="Modifier class names, in order.")
-    scheme: str | None = Field(default=None, description="Quantization scheme, e.g. W4A16.")
-    pipeline: str = Field(description="Effective calibration pipeline for the data modifiers.")
-    needs_data: bool = Field(description="Whether any modifier needs calibration data.")
-    notes: list[str] = Field(default_factory=list, description="Migrations applied, e.g. legacy observer.")
-    args: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Values the $placeholders took, preset defaults included.",
-    )
-
-    def log_to(self, tracker) -> None:
-        tracker.configuration("recipe", self.yaml, description=f"Rendered from {self.source}")
-        tracker.params("recipe_args", self.args)
 
 
 RECIPE_FIELD = "recipe.recipe"
@@ -287,18 +270,9 @@ def to_recipe_dict(data: Any) -> dict[str, Any]:
                         "not a mapping of arguments",
                         f"give {name} its arguments as a mapping (`{{}}` for none)",
                     )
-    if not any(_iter_modifiers(recipe)):
+    if not any(iter_modifiers(recipe)):
         raise RecipeError(RECIPE_FIELD, "the recipe holds no modifiers", shape)
     return recipe
-
-
-def _iter_modifiers(recipe: dict[str, Any]):
-    """(location, modifier name, kwargs) for each modifier, in recipe order."""
-    for stage_key, stage in recipe.items():
-        for group_key, group in stage.items():
-            if group_key.endswith("_modifiers"):
-                for name, kwargs in group.items():
-                    yield f"{stage_key}.{group_key}", name, kwargs
 
 
 def migrate_legacy(recipe: dict[str, Any]) -> list[str]:
@@ -308,7 +282,7 @@ def migrate_legacy(recipe: dict[str, Any]) -> list[str]:
         if "run_type" in stage:
             run_type = stage.pop("run_type")
             notes.append(f"{stage_key}: removed run_type {run_type!r} (0.14 has no run types)")
-    for where, name, kwargs in _iter_modifiers(recipe):
+    for where, name, kwargs in iter_modifiers(recipe):
         observer = kwargs.get("observer")
         if not isinstance(observer, str):
             continue
@@ -381,10 +355,10 @@ def _validation_error(exc: ValidationError, recipe: dict[str, Any]) -> RecipeErr
             f"llm-compressor rejects the recipe: {'; '.join(messages)}",
             "change the recipe as the message says",
         )
-    where = " or ".join(w for w, n, _ in _iter_modifiers(recipe) if n == name)
+    where = " or ".join(w for w, n, _ in iter_modifiers(recipe) if n == name)
     details = [
         f"`{'.'.join(map(str, e['loc'])) or 'arguments'}`: {msg} (got {e.get('input')!r})"
-        for e, msg in zip(exc.errors(), messages)
+        for e, msg in zip(exc.errors(), messages, strict=True)
     ]
     fixes = dict.fromkeys(_fix_for(registry[name], e) for e in exc.errors())
     return RecipeError(
@@ -394,13 +368,39 @@ def _validation_error(exc: ValidationError, recipe: dict[str, Any]) -> RecipeErr
     )
 
 
+# Values llm-compressor 0.14 accepts but cannot work with: (low, high, inclusive low), and why.
+VALUE_RANGES: dict[str, tuple[float, float, bool, str]] = {
+    "dampening_frac": (0.0, 1.0, False, "a fraction of the Hessian's mean diagonal, e.g. 0.01"),
+    "block_size": (1, 1 << 20, True, "columns per GPTQ block, e.g. 128"),
+    "smoothing_strength": (0.0, 1.0, True, "SmoothQuant's alpha, e.g. 0.8"),
+    "sparsity": (0.0, 1.0, True, "the share of weights pruned, e.g. 0.5"),
+    "n_grid": (1, 1 << 20, True, "AWQ's grid points, e.g. 20"),
+}
+
+
+def check_ranges(recipe: dict[str, Any]) -> None:
+    """Refuse values out of their range, which llm-compressor would take and fail on later."""
+    for where, name, kwargs in iter_modifiers(recipe):
+        for key, (low, high, inclusive, meaning) in VALUE_RANGES.items():
+            value = kwargs.get(key)
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            if not ((value >= low if inclusive else value > low) and value <= high):
+                bound = f"{'[' if inclusive else '('}{low}, {high}]"
+                raise RecipeError(
+                    ARGS_FIELD,
+                    f"{name}.{key} in {where} is {value}, outside {bound} ({meaning})",
+                    f"set {key} within {bound} in recipe_args or the recipe",
+                )
+
+
 def validate(recipe: dict[str, Any]) -> list[Modifier]:
     """The modifiers llm-compressor's parser builds; it may change `recipe`, so pass a copy."""
     # Imported here: llm-compressor takes seconds to import, and listing presets must not pay that.
     from llmcompressor.recipe import Recipe
 
     known = sorted(_modifier_classes())
-    for where, name, _ in _iter_modifiers(recipe):
+    for where, name, _ in iter_modifiers(recipe):
         if name not in known:
             raise RecipeError(
                 RECIPE_FIELD,
@@ -408,6 +408,7 @@ def validate(recipe: dict[str, Any]) -> list[Modifier]:
                 f"{_closest(name, known, cutoff=0.8)}"
                 f"llm-compressor 0.14's modifiers: {', '.join(known)}",
             )
+    check_ranges(recipe)
     try:
         return Recipe.from_dict(recipe).modifiers
     except ValidationError as exc:
@@ -424,23 +425,6 @@ def validate(recipe: dict[str, Any]) -> list[Modifier]:
 # ---------------------------------------------------------------- render
 
 
-class _CanonicalDumper(yaml.SafeDumper):
-    """Writes repeated values in full: `&id001` anchors would puzzle readers of recipe.yaml."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
-
-
-def _first_scheme(recipe: dict[str, Any]) -> str | None:
-    for _, _, kwargs in _iter_modifiers(recipe):
-        scheme = kwargs.get("scheme")
-        if isinstance(scheme, str):
-            return scheme
-        if isinstance(scheme, dict) and scheme:  # {W4A16: [Linear], ...}: scheme -> targets
-            return "+".join(map(str, scheme))
-    return None
-
-
 def render(args: RecipeArgs) -> RenderedRecipe:
     """Every step, without Prefect or ClearML: what the task returns."""
     data, source, preset_name = load_recipe(args.recipe)
@@ -451,7 +435,7 @@ def render(args: RecipeArgs) -> RenderedRecipe:
     notes = migrate_legacy(recipe)
 
     try:
-        text = yaml.dump(recipe, Dumper=_CanonicalDumper, sort_keys=False, allow_unicode=True)
+        text = dump_recipe(recipe)
     except yaml.YAMLError as exc:
         raise RecipeError(
             ARGS_FIELD,
@@ -474,9 +458,10 @@ def render(args: RecipeArgs) -> RenderedRecipe:
         sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
         source=source,
         modifiers=[type(m).__name__ for m in modifiers],
-        scheme=_first_scheme(recipe),
+        scheme=first_scheme(recipe),
         pipeline=pipeline,
         needs_data=needs_data,
+        data_modifiers=sum(m.requires_calibration_data for m in modifiers),
         notes=notes,
         args=values,
     )

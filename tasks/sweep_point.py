@@ -7,56 +7,13 @@ flow module: a worker loads flow files by path, and persisted results must unpic
 
 from __future__ import annotations
 
-import hashlib
-from typing import Any, Literal
-
 from prefect import task
 from prefect.cache_policies import INPUTS, TASK_SOURCE
 from prefect.deployments import run_deployment
-from pydantic import BaseModel, Field
 
-from tasks.errors import CompressflowError
-from tasks.evaluation import EvaluationReport
-from tasks.publish import PublishedModel
-
-METRICS = ("perplexity_increase_pct", "kl_divergence", "top1_agreement", "compressed_perplexity")
-
-
-class Point(BaseModel):
-    recipe_args: dict[str, Any]
-    text_samples: int
-
-    def label(self) -> str:
-        values = {**self.recipe_args, "text_samples": self.text_samples}
-        return ", ".join(f"{name}={value}" for name, value in values.items())
-
-    def key(self) -> str:
-        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:10]
-
-
-class PointResult(BaseModel):
-    point: Point
-    status: Literal["completed", "failed"]
-    metrics: dict[str, float] = Field(default_factory=dict)
-    objective: float | None = None
-    output_path: str | None = None
-    runs: dict[str, str] = Field(default_factory=dict, description="Flow run names by stage.")
-    error: str | None = None
-
-    def row(self) -> dict:
-        return {
-            "point": self.point.label(),
-            "status": self.status,
-            "objective": self.objective,
-            **{name: self.metrics.get(name) for name in METRICS},
-            "output": self.output_path,
-            "runs": ", ".join(f"{stage}: {name}" for stage, name in self.runs.items()),
-            "error": self.error,
-        }
-
-
-class PointFailed(CompressflowError):
-    """A point's compression or evaluation did not complete."""
+from compressflow.errors import PointFailed
+from compressflow.params import METRICS
+from compressflow.results import EvaluationReport, Point, PointResult, PublishedModel
 
 
 def completed_result(flow_run):
@@ -64,7 +21,11 @@ def completed_result(flow_run):
     state = flow_run.state
     if state is None or not state.is_completed():
         how = f"{state.name}: {(state.message or '').strip()}" if state else "without a state"
-        raise PointFailed(f"{flow_run.name} ended {how}")
+        raise PointFailed(
+            "sweep point",
+            f"{flow_run.name} ended {how}",
+            "open that flow run for its error; rerunning the sweep retries only failed points",
+        )
     return state.result()
 
 

@@ -27,7 +27,7 @@ os.environ.update(
     HF_HUB_OFFLINE="1",
     TOKENIZERS_PARALLELISM="false",
     # The test modules that define custom loaders and collators.
-    COMPRESSFLOW_ALLOWED_IMPORTS="test_build_dataset,test_validate,test_compress_flow",
+    COMPRESSFLOW_ALLOWED_IMPORTS="test_build_dataset,test_validate,test_compress_flow,test_architectures",
 )
 
 
@@ -39,7 +39,7 @@ def test_root() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(test_root) -> Path:
     """A 2-layer, 256-wide random Llama with a trained tokenizer; built once per session."""
-    from demo.assets import build_tiny_llama
+    from compressflow.demo.assets import build_tiny_llama
 
     return build_tiny_llama(test_root / "tiny-llama")
 
@@ -87,7 +87,7 @@ def clearml_params():
     """A real offline ClearML task open for one test; returns a reader of its hyperparameters."""
     import json
 
-    from tasks.tracking import open_run
+    from compressflow.tracking import open_run
 
     with open_run("compressflow-tests", "unit test", tags=[]) as tracker:
         session = Path(tracker.location)
@@ -122,3 +122,14 @@ def stack_client(prefect_stack):
         get_client(sync_client=True) as client,
     ):
         yield client
+
+
+# Tests that need a Prefect server (the session harness or a real `prefect server` with a worker)
+# are end-to-end; `make unit` runs the rest in about a minute.
+E2E_FIXTURES = {"prefect_harness", "prefect_stack", "stack_client"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if E2E_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.e2e)

@@ -46,9 +46,13 @@ class Stack:
     def start(self, name: str, *args: str, stop_with: signal.Signals = signal.SIGTERM):
         log = (self.logs / f"{name}.log").open("w")
         process = subprocess.Popen(
-            args, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            args,
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: teardown reaches its children
-        )  # fmt: skip
+        )
         self.processes.append((process, stop_with))
         return process
 
@@ -118,15 +122,28 @@ def running_stack(home: Path) -> Iterator[Stack]:
         wait_healthy(stack, server)
         stack.run(PREFECT, "work-pool", "create", "gpu", "--type", "process")
         stack.run(PREFECT, "work-pool", "create", "cpu", "--type", "process")  # sweeps wait here
-        stack.run(sys.executable, "-m", "blocks.register", "--output-dir", str(home / "outputs"))
+        stack.run(
+            sys.executable,
+            "-m",
+            "compressflow.blocks.register",
+            "--output-dir",
+            str(home / "outputs"),
+        )
         stack.run(PREFECT, "--no-prompt", "deploy", "--all", timeout=240)
-        stack.start("worker", PREFECT, "worker", "start", "--pool", "gpu", "--limit", "1",
-                    stop_with=signal.SIGINT)  # fmt: skip
+        stack.start(
+            "worker",
+            PREFECT,
+            "worker",
+            "start",
+            "--pool",
+            "gpu",
+            "--limit",
+            "1",
+            stop_with=signal.SIGINT,
+        )
         yield stack
     finally:
         stack.stop_all()
-
-
 
 
 def wait_final(client, stack: Stack, flow_run_id, timeout: float):

@@ -16,18 +16,22 @@ import pytest
 from datasets import Dataset, load_from_disk
 from transformers import AutoTokenizer
 
-from demo.assets import CHAT_TEMPLATE, write_calibration_jsonl
-from flows.params import DatasetArgs
-from tasks.build_dataset import build_dataset
-from tasks.dataset_registry import SHORTCUTS, lookup
-from tasks.errors import DatasetError
-from tasks.fetch_model import FetchedModel
+from compressflow.demo.assets import CHAT_TEMPLATE, write_calibration_jsonl
+from compressflow.errors import DatasetError
+from compressflow.params import DatasetArgs
+from compressflow.registries.datasets import SHORTCUTS, lookup
+from compressflow.results import FetchedModel
+from compressflow.tasks.build_dataset import build_dataset
 
 CHATS = [
-    {"messages": [{"role": "user", "content": f"Question {i}: what is {i} + {i}?"},
-                  {"role": "assistant", "content": f"It is {2 * i}."}]}
+    {
+        "messages": [
+            {"role": "user", "content": f"Question {i}: what is {i} + {i}?"},
+            {"role": "assistant", "content": f"It is {2 * i}."},
+        ]
+    }
     for i in range(12)
-]  # fmt: skip
+]
 
 
 def fetched(path: Path) -> FetchedModel:
@@ -195,9 +199,18 @@ def test_shortcut_formats_rows_from_the_cached_hub_dataset(model):
 
 def test_registry_covers_llm_compressor_shortcuts():
     # Importing llm-compressor to list them takes ~13 s: its 0.14 names are copied here.
-    llm_compressor_0_14 = ["c4", "cnn_dailymail", "evolcodealpaca", "gsm8k", "open_platypus",
-                           "perfectblend", "ultrachat_200k", "wikitext", "flickr",
-                           "peoples_speech"]  # fmt: skip
+    llm_compressor_0_14 = [
+        "c4",
+        "cnn_dailymail",
+        "evolcodealpaca",
+        "gsm8k",
+        "open_platypus",
+        "perfectblend",
+        "ultrachat_200k",
+        "wikitext",
+        "flickr",
+        "peoples_speech",
+    ]
     assert set(llm_compressor_0_14) | {"python_docs"} <= set(SHORTCUTS)
     assert lookup("ultrachat") is SHORTCUTS["ultrachat_200k"]
     assert lookup("flickr30k") is SHORTCUTS["flickr"]

@@ -18,12 +18,11 @@ from transformers import (
 )
 from transformers.modeling_outputs import CausalLMOutput
 
-from flows.params import RecipeArgs
-from tasks.build_dataset import BuiltDataset
-from tasks.check_traceability import TraceReport, check_traceability, trace_config
-from tasks.errors import TraceabilityError
-from tasks.fetch_model import FetchedModel
-from tasks.render_recipe import RenderedRecipe, render
+from compressflow.errors import TraceabilityError
+from compressflow.params import RecipeArgs
+from compressflow.results import BuiltDataset, FetchedModel, RenderedRecipe, TraceReport
+from compressflow.tasks.check_traceability import check_traceability, trace_config
+from compressflow.tasks.render_recipe import render
 
 
 def _recipe(pipeline: str, needs_data: bool = True) -> RenderedRecipe:
@@ -85,7 +84,9 @@ def test_non_sequential_pipelines_skip(tiny_model, clearml_params, pipeline, nee
     assert clearml_params()["traceability"]["checked"] == "False"
 
 
-def test_unknown_sequential_target_names_the_decoder_layer(tiny_model, built_dataset, clearml_params):
+def test_unknown_sequential_target_names_the_decoder_layer(
+    tiny_model, built_dataset, clearml_params
+):
     args = RecipeArgs(sequential_targets=["NoSuchLayer"])
     with pytest.raises(TraceabilityError, match="NoSuchLayer") as info:
         check_traceability.fn(_fetched(tiny_model), _recipe("sequential"), built_dataset, args)
@@ -164,9 +165,13 @@ def test_untraceable_helper_is_named_with_the_fix():
 
 def test_medium_llama_config_traces_without_weights():
     config = LlamaConfig(
-        vocab_size=32000, hidden_size=1024, intermediate_size=4096, num_hidden_layers=8,
-        num_attention_heads=16, num_key_value_heads=4,
-    )  # fmt: skip
+        vocab_size=32000,
+        hidden_size=1024,
+        intermediate_size=4096,
+        num_hidden_layers=8,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+    )
     report = trace_config(config, _sample(config.vocab_size, tokens=256))
     assert report.checked and report.subgraphs == 9
     # Timing and memory targets are asserted by benchmarks/trace_configs.py, not here.

@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from flows.compress import compress
-from flows.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
-from tasks.errors import PublishError
-
 from conftest import SEED_GUIDE_W4A16
+
+from compressflow.errors import CalibrationError, PublishError, VerificationError
+from compressflow.flows.compress import compress
+from compressflow.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs, VerifyArgs
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -83,9 +82,14 @@ def test_second_run_reuses_cached_stages_and_the_published_output(tiny_model, tm
 
     # A new recipe argument recalibrates, but still reuses the fetched model and dataset.
     third = compress(
-        **{**params, "recipe": RecipeArgs(recipe=SEED_GUIDE_W4A16, recipe_args={"observer": "mse", "damp": 0.05}),
-           "output": OutputArgs(save_directory=str(tmp_path / "out2"))}
-    )  # fmt: skip
+        **{
+            **params,
+            "recipe": RecipeArgs(
+                recipe=SEED_GUIDE_W4A16, recipe_args={"observer": "mse", "damp": 0.05}
+            ),
+            "output": OutputArgs(save_directory=str(tmp_path / "out2")),
+        }
+    )
     assert not third.reused and third.run_key != first.run_key
     assert stage(third, "fetch model").cached and stage(third, "build dataset").cached
 
@@ -110,12 +114,63 @@ def exploding_collator(batch):
 
 def test_failed_calibration_leaves_no_partial_output(tiny_model, tmp_path):
     target = tmp_path / "never"
-    with pytest.raises(RuntimeError, match="collator bug found mid-calibration"):
+    with pytest.raises(CalibrationError) as raised:
         compress(
             model=ModelArgs(model_id=str(tiny_model)),
             dataset=small_data(data_collator="test_compress_flow:exploding_collator"),
             recipe=RecipeArgs(recipe="W4A16"),
             output=OutputArgs(save_directory=str(target)),
         )
+    assert str(raised.value).startswith(
+        "dataset.data_collator: the collator test_compress_flow:exploding_collator raised while "
+        "calibrating: RuntimeError: collator bug found mid-calibration. Fix: fix the collator"
+    )
+    assert isinstance(raised.value.__cause__, RuntimeError)
     assert not target.exists()
     assert not list(tmp_path.glob(".*staging*"))
+
+
+def test_a_model_that_fails_verification_is_not_published(tiny_model, tmp_path):
+    """W4A16 cannot reproduce the base's logits exactly: with min_cosine 1.0 it must fail."""
+    target = tmp_path / "out"
+    with pytest.raises(VerificationError) as raised:
+        compress(
+            model=ModelArgs(model_id=str(tiny_model)),
+            dataset=small_data(),
+            recipe=RecipeArgs(recipe="W4A16"),
+            output=OutputArgs(save_directory=str(target)),
+            verify=VerifyArgs(min_cosine=1.0),
+        )
+    message = str(raised.value)
+    assert message.startswith("verify: the compressed model failed verification")
+    assert "logits: cosine 0.9" in message and "(min 1.0)" in message
+    assert "Fix:" in message and "verify.min_cosine" in message
+    assert not target.exists()
+    assert not list(tmp_path.iterdir()), "staging folder or reference logits left behind"
+
+
+AWQ = """
+quant_stage:
+  quant_modifiers:
+    AWQModifier: {}
+    QuantizationModifier: {ignore: [lm_head], scheme: W4A16_ASYM, targets: [Linear]}
+"""
+
+
+def test_a_library_failure_during_calibration_names_the_field_and_publishes_nothing(
+    tiny_model, tmp_path
+):
+    """AWQ passes every check but fails inside oneshot on CPU-only torch (it pins memory)."""
+    target = tmp_path / "out"
+    with pytest.raises(CalibrationError) as raised:
+        compress(
+            model=ModelArgs(model_id=str(tiny_model)),
+            dataset=small_data(),
+            recipe=RecipeArgs(recipe=AWQ),
+            output=OutputArgs(save_directory=str(target)),
+        )
+    message = str(raised.value)
+    assert message.startswith("recipe.recipe: llm-compressor failed while calibrating")
+    assert "Fix:" in message
+    assert not target.exists()
+    assert not list(tmp_path.iterdir()), "staging folder or reference logits left behind"

@@ -46,13 +46,17 @@ def test_prefect_yaml_deploys_presets_limits_and_blocks(stack, client):
     nightly = client.read_deployment_by_name("compress-model/nightly-w4a16")
     assert [s.active for s in nightly.schedules] == [False], "the nightly must ship inactive"
     assert nightly.parameters["recipe"]["recipe"] == "W4A16"
-    for name in ("compress-model/compress", "compress-model/w8a8", "compress-model/fp8-dynamic",
-                 "evaluate-model/evaluate"):  # fmt: skip
+    for name in (
+        "compress-model/compress",
+        "compress-model/w8a8",
+        "compress-model/fp8-dynamic",
+        "evaluate-model/evaluate",
+    ):
         deployment = client.read_deployment_by_name(name)
         assert deployment.work_pool_name == "gpu"
         assert deployment.global_concurrency_limit.limit == 1
         env = deployment.job_variables["env"]
-        # Resolved from the OutputSettings block that `python -m blocks.register` saved.
+        # Resolved from the OutputSettings block that `python -m compressflow.blocks.register` saved.
         assert env["COMPRESSFLOW_OUTPUT_DIR"] == str(stack.logs / "outputs")
         assert env["CUDA_VISIBLE_DEVICES"] == "0"
 

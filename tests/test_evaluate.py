@@ -14,13 +14,21 @@ from pathlib import Path
 
 import pytest
 
-from flows.compress import compress
-from flows.evaluate import HeldOutArgs, LmEvalArgs, QualityGate, evaluate
-from flows.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
-from tasks.errors import InputError, ModelFetchError
-from tasks.evaluation import QualityThresholdExceeded, build_held_out, calibration_args
-from tasks.fetch_model import fetch
-from tasks.publish import read_manifest
+from compressflow.errors import InputError, ModelFetchError, QualityThresholdExceeded
+from compressflow.flows.compress import compress
+from compressflow.flows.evaluate import evaluate
+from compressflow.manifest import read_manifest
+from compressflow.params import (
+    DatasetArgs,
+    HeldOutArgs,
+    LmEvalArgs,
+    ModelArgs,
+    OutputArgs,
+    QualityGate,
+    RecipeArgs,
+)
+from compressflow.tasks.build_held_out import build_held_out
+from compressflow.tasks.fetch_model import fetch
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -76,10 +84,10 @@ def test_metrics_of_a_compressed_model_against_the_base_in_its_manifest(compress
 def test_held_out_text_leaves_out_the_calibration_samples(compressed, tiny_model):
     from datasets import load_from_disk
 
-    from tasks.build_dataset import build
+    from compressflow.tasks.build_dataset import build
 
     base = fetch(ModelArgs(model_id=str(tiny_model)))
-    calibration = calibration_args(read_manifest(Path(compressed)))
+    calibration = read_manifest(Path(compressed)).calibration_args()
     assert calibration == CALIBRATION
     # Same source, seed and length as calibration: without the exclusion it would draw the very
     # same rows.

@@ -24,10 +24,14 @@ from pathlib import Path
 import pytest
 from safetensors import SafetensorError
 
-from tasks.disk_space import check_free_space, disk_full_errno, disk_full_is_clear
-from tasks.errors import PublishError
-from tasks.fetch_model import fetch
-from tasks.output_lock import lock_path, output_lock, read_holder
+from compressflow.disk_space import (
+    check_free_space,
+    disk_full_errno,
+    disk_full_is_clear,
+)
+from compressflow.errors import HubUnavailableError, PublishError
+from compressflow.locks import lock_path, output_lock, read_holder
+from compressflow.tasks.fetch_model import fetch
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -38,8 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 FLOW_SCRIPT = r"""
 import json, resource, signal, sys
 import llmcompressor, torch, transformers
-from flows.compress import compress
-from flows.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
+from compressflow.flows.compress import compress
+from compressflow.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
 
 params = json.loads(sys.argv[1])
 if params.pop("wait_for_go", False):
@@ -61,7 +65,7 @@ print("PUBLISHED " + published.model_dump_json(), flush=True)
 HOLDER_SCRIPT = r"""
 import sys
 from pathlib import Path
-from tasks.output_lock import output_lock
+from compressflow.locks import output_lock
 
 with output_lock(Path(sys.argv[1])):
     print("LOCKED", flush=True)
@@ -73,10 +77,10 @@ with output_lock(Path(sys.argv[1])):
 COUNTER_SCRIPT = r"""
 import sys, time
 from pathlib import Path
-import tasks.output_lock
-from tasks.output_lock import output_lock
+import compressflow.locks
+from compressflow.locks import output_lock
 
-tasks.output_lock.POLL_SECONDS = 0.001
+compressflow.locks.POLL_SECONDS = 0.001
 
 counter = Path(sys.argv[1])
 for _ in range(int(sys.argv[2])):
@@ -330,7 +334,7 @@ def test_concurrent_runs_of_one_output_wait_then_reuse_or_are_refused(tiny_model
 
 
 def fetch_model_args(path: Path):
-    from flows.params import ModelArgs
+    from compressflow.params import ModelArgs
 
     return fetch(ModelArgs(model_id=str(path)))
 
@@ -342,14 +346,14 @@ def test_too_little_space_is_refused_before_calibration(tiny_model, tmp_path, ca
         PublishError,
         match=rf"{re.escape(str(tmp_path))} has .* free, but .* needs at least 500\.0 TB",
     ):
-        check_free_space(tmp_path, huge, "W4A16", True, logging.getLogger("test"))
+        check_free_space(tmp_path, huge, "W4A16", True)
 
     # Only a floor refuses: an original larger than the free space is a warning, as is a scheme
     # whose size cannot be told from its name (the run may still fit).
     big = model.model_copy(update={"size_bytes": 10**18})
-    with caplog.at_level(logging.WARNING, logger="test"):
-        check_free_space(tmp_path, big, "W4A16", True, logging.getLogger("test"))
-        check_free_space(tmp_path, huge, "custom-sparsity", True, logging.getLogger("test"))
+    with caplog.at_level(logging.WARNING):
+        check_free_space(tmp_path, big, "W4A16", True)
+        check_free_space(tmp_path, huge, "custom-sparsity", True)
     assert "may need up to 1000000.0 TB" in caplog.text
 
 
@@ -415,8 +419,8 @@ def unavailable_hub(monkeypatch):
 def test_hub_outage_is_retried_then_given_up_with_a_clear_message(unavailable_hub):
     from prefect import flow
 
-    from flows.params import ModelArgs
-    from tasks.fetch_model import HubUnavailableError, fetch_model
+    from compressflow.params import ModelArgs
+    from compressflow.tasks.fetch_model import fetch_model
 
     @flow
     def fetch_only():

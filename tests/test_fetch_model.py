@@ -7,13 +7,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from flows.params import ModelArgs
-from tasks.caching import stat_signature
-from tasks.errors import ModelFetchError
-from tasks.fetch_model import fetch
-
 from conftest import HUB_SHA as SHA
+
+from compressflow.caching import stat_signature
+from compressflow.errors import ModelFetchError
+from compressflow.params import ModelArgs
+from compressflow.tasks.fetch_model import fetch
 
 
 def copy_model(tiny_model: Path, tmp_path: Path, **config_changes) -> Path:

@@ -96,9 +96,9 @@ def test_server_refuses_a_run_with_bad_parameters(deployment_ids, flow_name, bad
 
 
 def test_unknown_preset_passes_the_schema_and_fails_in_the_first_stage():
-    from flows.params import RecipeArgs
-    from tasks.errors import RecipeError
-    from tasks.render_recipe import render_recipe
+    from compressflow.errors import RecipeError
+    from compressflow.params import RecipeArgs
+    from compressflow.tasks.render_recipe import render_recipe
 
     schema = schema_of("flows/compress.py:compress")
     validate(with_required(schema, {"recipe": {"recipe": "W4A17"}}), schema, raise_on_error=True)

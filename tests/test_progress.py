@@ -14,9 +14,10 @@ import re
 import prefect.artifacts
 import pytest
 
-from flows.compress import compress
-from flows.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
-from tasks import progress, tracking
+from compressflow import progress, tracking
+from compressflow.flows.compress import compress
+from compressflow.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
+from compressflow.tasks.render_recipe import render
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -68,12 +69,16 @@ def test_progress_advances_per_subgraph_and_reaches_100(tiny_model, tmp_path, mo
 
     progress_lines = [line for line in lines.lines if line.startswith("Calibration progress")]
     assert [re.search(r"subgraph (\d+)/3 done", line).group(1) for line in progress_lines] == [
-        "1", "2", "3",
-    ]  # fmt: skip
+        "1",
+        "2",
+        "3",
+    ]
     assert "ETA unknown" in progress_lines[0] and re.search(r"ETA \d+ s", progress_lines[-1])
     # One update per subgraph, then the final one; percents only go up and end at 100.
     assert updates == [33.3, 66.7, 100.0, 100.0]
-    done = [(value, iteration) for series, value, iteration in figures if series == "subgraphs done"]
+    done = [
+        (value, iteration) for series, value, iteration in figures if series == "subgraphs done"
+    ]
     assert done == [(1, 1), (2, 2), (3, 3)]
 
     async def read_artifacts():
@@ -96,6 +101,8 @@ quant_stage:
     SmoothQuantModifier: {smoothing_strength: 0.8}
     GPTQModifier: {targets: Linear, scheme: W8A8, ignore: [lm_head]}
 """
-    assert progress.sequential_passes(w8a8, None) == 2
-    assert progress.sequential_passes(w8a8, "sequential") == 1
-    assert progress.sequential_passes(w8a8, "basic") == 0
+    rendered = render(RecipeArgs(recipe=w8a8))
+    assert rendered.data_modifiers == 2
+    assert progress.sequential_passes(rendered.data_modifiers, None) == 2
+    assert progress.sequential_passes(rendered.data_modifiers, "sequential") == 1
+    assert progress.sequential_passes(rendered.data_modifiers, "basic") == 0

@@ -12,16 +12,19 @@ import string
 
 import pytest
 import yaml
+from conftest import SEED_GUIDE_W4A16 as SEED_RECIPE
+from conftest import SEED_GUIDE_W4A16_ARGS as SEED_ARGS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flows.params import RecipeArgs
-from tasks.errors import RecipeError
-from tasks.recipe_presets import PRESETS
-from tasks.render_recipe import find_placeholders, render_recipe, substitute
-
-from conftest import SEED_GUIDE_W4A16 as SEED_RECIPE
-from conftest import SEED_GUIDE_W4A16_ARGS as SEED_ARGS
+from compressflow.errors import RecipeError
+from compressflow.params import RecipeArgs
+from compressflow.registries.presets import PRESETS
+from compressflow.tasks.render_recipe import (
+    find_placeholders,
+    render_recipe,
+    substitute,
+)
 
 GPTQ = {"targets": "Linear", "scheme": "W4A16", "ignore": ["lm_head"]}
 
@@ -407,8 +410,9 @@ JSON_SCALARS = (
 )
 JSON_VALUES = st.recursive(
     JSON_SCALARS,
-    lambda inner: st.lists(inner, max_size=4)
-    | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 

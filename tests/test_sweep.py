@@ -11,11 +11,12 @@ import json
 import sys
 
 import pytest
-from tasks.sweep_point import Point
+
+from compressflow.results import Point
 
 SWEEP = """
 import json, sys
-from flows.sweep import sweep
+from compressflow.flows.sweep import sweep
 report = sweep(**json.loads(sys.argv[1]))
 print("SWEEP_REPORT " + report.model_dump_json())
 """
@@ -23,7 +24,7 @@ print("SWEEP_REPORT " + report.model_dump_json())
 
 def run_sweep(stack, **params) -> dict:
     out = stack.run(sys.executable, "-c", SWEEP, json.dumps(params), timeout=900)
-    line = next(l for l in out.splitlines() if l.startswith("SWEEP_REPORT "))
+    line = next(row for row in out.splitlines() if row.startswith("SWEEP_REPORT "))
     return json.loads(line.removeprefix("SWEEP_REPORT "))
 
 
@@ -48,13 +49,17 @@ def task_run_states(client, name: str) -> dict[str, str]:
 
 
 def new_states(client, name: str, before: dict[str, str]) -> list[str]:
-    return [state for run_id, state in task_run_states(client, name).items() if run_id not in before]
+    return [
+        state for run_id, state in task_run_states(client, name).items() if run_id not in before
+    ]
 
 
 def compress_run_count(client) -> int:
     from prefect.client.schemas.filters import FlowFilter, FlowFilterName
 
-    return len(client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["compress-model"]))))
+    return len(
+        client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["compress-model"])))
+    )
 
 
 @pytest.mark.usefixtures("prefect_stack")
@@ -65,15 +70,19 @@ def test_2x2_grid_ranks_four_points_and_shares_fetch_and_dataset(
     build_before = task_run_states(stack_client, "build dataset")
     report = run_sweep(
         prefect_stack,
-        **sweep_params(tiny_model, tmp_path, {"dampening_frac": [0.01, 0.1], "block_size": [64, 128]}),
+        **sweep_params(
+            tiny_model, tmp_path, {"dampening_frac": [0.01, 0.1], "block_size": [64, 128]}
+        ),
     )
     results = report["results"]
     assert len(results) == 4 and all(r["status"] == "completed" for r in results)
     objectives = [r["objective"] for r in results]
     assert objectives == sorted(objectives), "rows are ranked by the objective"
     assert report["best"] == results[0]
-    assert {(r["point"]["recipe_args"]["dampening_frac"], r["point"]["recipe_args"]["block_size"])
-            for r in results} == {(0.01, 64), (0.01, 128), (0.1, 64), (0.1, 128)}  # fmt: skip
+    assert {
+        (r["point"]["recipe_args"]["dampening_frac"], r["point"]["recipe_args"]["block_size"])
+        for r in results
+    } == {(0.01, 64), (0.01, 128), (0.1, 64), (0.1, 128)}
 
     # Fetch and dataset build ran at most once (the sweep's own warm-up; not at all when an
     # earlier test of the session already did the same work); every point's runs hit the cache.

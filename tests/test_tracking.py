@@ -15,9 +15,15 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
-from blocks.clearml_settings import ClearMLSettings
-from flows.compress import compress
-from flows.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs, TrackingArgs
+from compressflow.blocks.clearml_settings import ClearMLSettings
+from compressflow.flows.compress import compress
+from compressflow.params import (
+    DatasetArgs,
+    ModelArgs,
+    OutputArgs,
+    RecipeArgs,
+    TrackingArgs,
+)
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -68,6 +74,8 @@ def test_one_offline_task_holds_every_stage(tiny_model, tmp_path):
     assert params["traceability"]["subgraphs"] == "3"
     assert params["dataset args"]["text_samples"] == "16"
     assert "GPTQModifier" in task["configuration"]["recipe"]["value"]
+    assert params["verification"]["passed"] == "True"
+    assert "no missing or unexpected keys" in params["verification"]["reload"]
 
     # Each line is one batch of reported events.
     lines = (session / "metrics.jsonl").read_text().splitlines()
@@ -75,6 +83,8 @@ def test_one_offline_task_holds_every_stage(tiny_model, tmp_path):
     errors = [m for m in metrics if m.get("metric") == "quantization error by layer"]
     assert {m["variant"] for m in errors} >= {"q_proj", "down_proj"}
     assert {m["iter"] for m in errors} == {0, 1}, "one point per layer"
+    cosine = [m for m in metrics if m.get("variant") == "verification cosine"]
+    assert cosine and cosine[0]["value"] > 0.9
 
     artifacts = {a["key"] for a in task["execution"]["artifacts"]}
     assert {"manifest", "recipe", "compressed-model"} <= artifacts

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import os
 from collections.abc import Callable
 
-from tasks.errors import InputError
+from compressflow.errors import InputError
+from compressflow.settings import settings
 
 ALLOWED_IMPORTS_ENV = "COMPRESSFLOW_ALLOWED_IMPORTS"
 
 
 def allowed_prefixes() -> list[str]:
-    return [p.strip() for p in os.environ.get(ALLOWED_IMPORTS_ENV, "").split(",") if p.strip()]
+    return settings().allowed_import_prefixes()
 
 
 def is_allowed(module_name: str) -> bool:

@@ -17,7 +17,6 @@ failure is recorded with its reason, later calls become no-ops), and close() run
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -26,11 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from blocks.clearml_settings import ClearMLSettings
-    from flows.params import TrackingArgs
+from compressflow.logs import run_logger
+from compressflow.settings import Settings
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from compressflow.params import TrackingArgs
+
 
 CLOSE_TIMEOUT_SECONDS = 30.0
 FAILURES_ATTR = "_compressflow_tracking_failures"
@@ -41,15 +41,27 @@ def marked_failures(task: Any) -> list[str]:
     unknown names with a StubObject in some processes (seen under Prefect workers)."""
     return vars(task).get(FAILURES_ATTR, []) if task is not None else []
 
+
 # Repository detection spawns git and can hang close(); every key must be given because a
-# missing one defaults to True (FIELD_NOTES). No framework is auto-logged: the model is saved
+# missing one defaults to True (measured with clearml 2.1.12). No framework is auto-logged: the model is saved
 # by the publish stage, not by a torch.save hook.
 AUTO_CONNECT_FRAMEWORKS = {
     "detect_repository": False,
-    "matplotlib": False, "tensorflow": False, "tensorboard": False, "pytorch": False,
-    "xgboost": False, "scikit": False, "fastai": False, "lightgbm": False, "hydra": False,
-    "joblib": False, "megengine": False, "catboost": False, "gradio": False, "jsonargparse": False,
-}  # fmt: skip
+    "matplotlib": False,
+    "tensorflow": False,
+    "tensorboard": False,
+    "pytorch": False,
+    "xgboost": False,
+    "scikit": False,
+    "fastai": False,
+    "lightgbm": False,
+    "hydra": False,
+    "joblib": False,
+    "megengine": False,
+    "catboost": False,
+    "gradio": False,
+    "jsonargparse": False,
+}
 
 
 @dataclass
@@ -80,7 +92,7 @@ class Tracker:
             self.fail(f"ClearML {what} failed: {type(exc).__name__}: {exc}")
 
     def fail(self, reason: str) -> None:
-        log.warning("%s; tracking is off for the rest of this run", reason)
+        run_logger(__name__).warning("%s; tracking is off for the rest of this run", reason)
         self.failures.append(reason)
         # Trackers are cheap views of one ClearML task: the mark on the task is what turns
         # tracking off for every stage and lets the flow report the failure at the end.
@@ -89,7 +101,9 @@ class Tracker:
 
     def params(self, section: str, values: dict[str, Any]) -> None:
         """Hyperparameters under `section` (shown in the ClearML CONFIGURATION tab)."""
-        flat = {k: v if isinstance(v, (int, float, bool, str)) else str(v) for k, v in values.items()}
+        flat = {
+            k: v if isinstance(v, (int, float, bool, str)) else str(v) for k, v in values.items()
+        }
         self._call("connect", "connect", flat, name=section)
 
     def configuration(self, name: str, text: str, description: str = "") -> None:
@@ -133,7 +147,13 @@ class Tracker:
         )
 
     def artifact(self, name: str, obj: Any) -> None:
-        self._call("upload_artifact", "upload_artifact", name=name, artifact_object=obj, wait_on_upload=True)
+        self._call(
+            "upload_artifact",
+            "upload_artifact",
+            name=name,
+            artifact_object=obj,
+            wait_on_upload=True,
+        )
 
     def register_model(self, folder: Path, name: str, tags: list[str], metadata: dict) -> None:
         """Register `folder` as the task's OutputModel; offline, record it as an artifact."""
@@ -142,9 +162,13 @@ class Tracker:
         if self.mode == "offline":
             # OutputModel needs a server (it fails on the offline dummy model); the folder is
             # referenced, not zipped into the session: real checkpoints are tens of GB.
-            self.artifact("compressed-model", {"path": str(folder), "uri": folder.as_uri(), **metadata})
-            self.text(f"Offline: compressed model recorded as artifact 'compressed-model' ({folder}); "
-                      "OutputModel registration happens online only")
+            self.artifact(
+                "compressed-model", {"path": str(folder), "uri": folder.as_uri(), **metadata}
+            )
+            self.text(
+                f"Offline: compressed model recorded as artifact 'compressed-model' ({folder}); "
+                "OutputModel registration happens online only"
+            )
             return
         try:
             from clearml import OutputModel
@@ -169,7 +193,7 @@ class Tracker:
                 return str(self.task.get_offline_mode_folder())
             return self.task.get_output_log_web_page()
         except Exception as exc:  # a missing link is not worth failing tracking for
-            log.warning("ClearML task link unavailable: %s", exc)
+            run_logger(__name__).warning("ClearML task link unavailable: %s", exc)
             return None
 
 
@@ -180,7 +204,7 @@ def current() -> Tracker:
 
         task = Task.current_task()
     except Exception as exc:  # ClearML not importable or misconfigured: run untracked
-        log.warning("ClearML unavailable (%s); running without tracking", exc)
+        run_logger(__name__).warning("ClearML unavailable (%s); running without tracking", exc)
         return Tracker()
     if task is None or marked_failures(task):
         return Tracker()
@@ -231,7 +255,7 @@ def _close(task, tracker: Tracker) -> None:
             f"ClearML close() did not finish in {CLOSE_TIMEOUT_SECONDS:.0f} s; the server may "
             "have missed the run's last reports"
         )
-        log.warning(tracker.failures[-1])
+        run_logger(__name__).warning(tracker.failures[-1])
 
 
 @contextmanager
@@ -241,19 +265,19 @@ def open_run(
     tags: list[str],
     comment: str = "",
     enabled: bool = True,
-    settings: ClearMLSettings | None = None,
+    settings: Any = None,
     connect_timeout: float = 10.0,
 ) -> Iterator[Tracker]:
     """Open the flow run's ClearML task, yield its Tracker, and close it (bounded)."""
     tracker = Tracker()
-    if not enabled or os.environ.get("COMPRESSFLOW_TRACKING", "1") == "0":
+    if not enabled or not Settings().tracking:
         yield tracker
         return
     try:
         from clearml import Task
         from clearml.backend_interface.task.task import Task as BackendTask
 
-        # The reporter's forked subprocess made close() take 6-300 s (FIELD_NOTES); in-process
+        # The reporter's forked subprocess made close() take 6-300 s (clearml 2.1.12); in-process
         # reporting closes in ~0.02 s.
         BackendTask._report_subprocess_enabled = False
         if settings is not None:
@@ -271,7 +295,7 @@ def open_run(
         if api_host and not forced_offline:
             if reason := unreachable_reason(api_host, connect_timeout):
                 tracker.failures.append(f"{reason}; logged offline instead")
-                log.warning(tracker.failures[-1])
+                run_logger(__name__).warning(tracker.failures[-1])
                 api_host = None
         # ClearML marks child processes of a tracked process with this variable and hands them a
         # stub task. A flow run is its own ClearML task, whatever process started its worker.
@@ -280,7 +304,9 @@ def open_run(
                 os.environ.pop(marker, None)
         if not api_host or forced_offline:
             Task.set_offline(True)
-            log.info("ClearML: no reachable server configured, logging offline (see README)")
+            run_logger(__name__).info(
+                "ClearML: no reachable server configured, logging offline (see README)"
+            )
         tracker.task = Task.init(
             project_name=project,
             task_name=name,
@@ -300,7 +326,7 @@ def open_run(
     except Exception as exc:  # a tracking outage must not stop a compression
         tracker.task = None
         tracker.failures.append(f"ClearML Task.init failed: {type(exc).__name__}: {exc}")
-        log.warning("%s; continuing without tracking", tracker.failures[-1])
+        run_logger(__name__).warning("%s; continuing without tracking", tracker.failures[-1])
     try:
         yield tracker
     finally:
@@ -310,31 +336,22 @@ def open_run(
             _close(task, tracker)
 
 
-def load_settings(block_name: str | None) -> ClearMLSettings | None:
-    from blocks.clearml_settings import ClearMLSettings
-    from tasks.errors import InputError
-
-    if block_name is None:
-        return None
-    try:
-        return ClearMLSettings.load(block_name)
-    except ValueError as exc:
-        raise InputError(
-            "tracking.clearml_block",
-            f"no ClearMLSettings block named {block_name!r} ({exc})",
-            "create it with `python -m blocks.register` or fix the name",
-        ) from exc
-
-
 @contextmanager
 def track_flow_run(
-    args: TrackingArgs, default_name: str, tags: list[str], inputs: dict[str, dict]
+    args: TrackingArgs,
+    settings: Any,
+    default_name: str,
+    tags: list[str],
+    inputs: dict[str, dict],
 ) -> Iterator[Tracker]:
-    """open_run for a Prefect flow run: names, tags and links both ways, logs the inputs."""
+    """open_run for a Prefect flow run: names, tags and links both ways, logs the inputs.
+
+    `settings` is the ClearMLSettings block named by `args.clearml_block` (loaded by the flow:
+    blocks sit above this layer), or None.
+    """
     from prefect import runtime
     from prefect.artifacts import create_link_artifact
 
-    settings = load_settings(args.clearml_block)
     flow_run = runtime.flow_run
     with open_run(
         project=args.project_name or (settings.default_project if settings else "compressflow"),

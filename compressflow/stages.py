@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 
-from prefect.logging import get_run_logger
-from tasks import tracking
-from tasks.publish import StageRecord
+from compressflow import tracking
+from compressflow.logs import run_logger
+from compressflow.results import StageRecord
 
 
 class Stages:
@@ -21,12 +21,14 @@ class Stages:
         self.records: list[StageRecord] = []
 
     def run(self, stage, *args, **kwargs):
+        if not hasattr(stage, "with_options"):  # a plain check between stages: not a stage
+            return stage(*args, **kwargs)
         started = time.perf_counter()
         state = stage(*args, return_state=True, **kwargs)
         result = state.result()
         cached = state.name == "Cached"
         if cached and result is not None and hasattr(result, "exists") and not result.exists():
-            get_run_logger().warning(
+            run_logger(__name__).warning(
                 "%s: cached result points at %s, which no longer exists; rebuilding",
                 stage.name,
                 result.path,
@@ -40,7 +42,4 @@ class Stages:
     def record(self, name: str, seconds: float, cached: bool = False) -> None:
         self.records.append(StageRecord(name=name, seconds=round(seconds, 3), cached=cached))
         if cached:
-            get_run_logger().info("%s: reused cached result (%.2f s)", name, seconds)
-
-    def as_dicts(self) -> list[dict]:
-        return [record.model_dump() for record in self.records]
+            run_logger(__name__).info("%s: reused cached result (%.2f s)", name, seconds)

@@ -20,8 +20,9 @@ from pathlib import Path
 
 from safetensors import SafetensorError
 
-from tasks.errors import PublishError
-from tasks.fetch_model import FetchedModel
+from compressflow.errors import PublishError
+from compressflow.logs import run_logger
+from compressflow.results import FetchedModel
 
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 # safetensors' Rust writer reports I/O errors as text: "No space left on device (os error 28)".
@@ -64,21 +65,26 @@ def minimum_checkpoint_bytes(
 
 
 def check_free_space(
-    folder: Path, model: FetchedModel, scheme: str | None, save_compressed: bool, logger
+    folder: Path, model: FetchedModel, scheme: str | None, save_compressed: bool
 ) -> None:
     """Refuse when `folder` clearly cannot hold the checkpoint; warn when it may not."""
-    free = shutil.disk_usage(folder).free
+    existing = next(p for p in (folder, *folder.parents) if p.exists())  # validate: not made yet
+    free = shutil.disk_usage(existing).free
     floor = minimum_checkpoint_bytes(model, scheme, save_compressed)
     if floor is not None and free < floor:
         raise PublishError(
-            f"output.save_directory: {folder} has {human(free)} free, but the compressed model "
-            f"needs at least {human(floor)} (its original is {human(model.size_bytes)}). Fix: {FIX}"
+            "output.save_directory",
+            f"{folder} has {human(free)} free, but the compressed model needs at least "
+            f"{human(floor)} (its original is {human(model.size_bytes)})",
+            FIX,
         )
     if free < model.size_bytes:
-        logger.warning(
+        run_logger(__name__).warning(
             "%s has %s free; the compressed model may need up to %s (the original's size)",
-            folder, human(free), human(model.size_bytes),
-        )  # fmt: skip
+            folder,
+            human(free),
+            human(model.size_bytes),
+        )
 
 
 def disk_full_errno(exc: BaseException) -> int | None:
@@ -99,6 +105,12 @@ def disk_full_is_clear(folder: Path) -> Iterator[None]:
             raise
         free = shutil.disk_usage(folder.parent).free
         raise PublishError(
+            "output.save_directory",
             f"disk full while saving to {folder} ({errno.errorcode[code]}: {exc}); "
-            f"{human(free)} free there; nothing was published. Fix: {FIX}"
+            f"{human(free)} free there; nothing was published",
+            FIX,
         ) from exc
+
+
+def folder_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

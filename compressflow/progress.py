@@ -18,16 +18,13 @@ SmoothQuant, then GPTQ), so the total is passes x subgraphs.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from tasks import tracking
-from tasks.logs import run_logger
-
-log = logging.getLogger(__name__)
+from compressflow import tracking
+from compressflow.logs import run_logger
 
 CLEARML_TITLE = "calibration progress"
 
@@ -42,17 +39,13 @@ def subgraphs_per_pass(model, sequential_targets: list[str] | None) -> int:
     return len({id(module) for _, module in match_named_modules(model, targets)}) + 1
 
 
-def sequential_passes(recipe_yaml: str, pipeline: str | None) -> int:
+def sequential_passes(data_modifiers: int, pipeline: str | None) -> int:
     """Sequential passes oneshot makes: one per data modifier unless a pipeline is forced."""
-    import yaml
-
-    from tasks.render_recipe import validate
-
     if pipeline in ("basic", "datafree"):
         return 0
     if pipeline == "sequential":
         return 1
-    return sum(m.requires_calibration_data for m in validate(yaml.safe_load(recipe_yaml)))
+    return data_modifiers
 
 
 @dataclass
@@ -134,7 +127,9 @@ def _artifact_call(kind: str, *args, **kwargs):
         fn = create_progress_artifact if kind == "create" else update_progress_artifact
         return fn(*args, **kwargs)
     except Exception as exc:  # progress display must never fail a calibration
-        log.warning("Prefect progress artifact %s failed (%s); no more updates", kind, exc)
+        run_logger(__name__).warning(
+            "Prefect progress artifact %s failed (%s); no more updates", kind, exc
+        )
         return None
 
 

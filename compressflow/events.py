@@ -22,8 +22,8 @@ from prefect import runtime
 from prefect.events import emit_event
 from prefect.events.schemas.events import Event
 
-from flows.params import ModelArgs
-from tasks.publish import PublishedModel
+from compressflow.params import ModelArgs
+from compressflow.results import PublishedModel
 
 PUBLISHED = "compressflow.model.published"
 
@@ -47,11 +47,15 @@ def emit_published(
     """Emit `compressflow.model.published` for `published`, compressed from `base`."""
     flow_run_id = runtime.flow_run.id
     related = (
-        [{"prefect.resource.id": f"prefect.flow-run.{flow_run_id}",
-          "prefect.resource.role": "flow-run"}]
+        [
+            {
+                "prefect.resource.id": f"prefect.flow-run.{flow_run_id}",
+                "prefect.resource.role": "flow-run",
+            }
+        ]
         if flow_run_id
         else []
-    )  # fmt: skip
+    )
     return emit_event(
         PUBLISHED,
         resource={

@@ -1,4 +1,4 @@
-"""The compress-model flow's parameters, grouped like llm-compressor's argument groups.
+"""Every flow's parameters, grouped like llm-compressor's argument groups.
 
 These models are the Prefect UI form, the validation and the reference docs at once: every field
 carries its help text, and names follow the seed system's `LLMCompressorTask` (`model_id`,
@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 # `module:function`, never serialized source: loaders are imported, not executed from text.
+DEFAULT_MODEL_CLASS = "AutoModelForCausalLM"
 IMPORT_PATH_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 
 
@@ -40,9 +41,10 @@ class ModelArgs(_Args):
         description="Run the model repository's own Python code. Off unless you trust the repo.",
     )
     model_class: str = Field(
-        default="AutoModelForCausalLM",
+        default=DEFAULT_MODEL_CLASS,
         pattern=r"^[A-Za-z_]\w*$",
-        description="transformers class used to load the model.",
+        description="transformers class used to load the model; with the default, a model "
+        "AutoModelForCausalLM cannot load (e.g. vision-language) uses the class its config names.",
     )
     hub_token_block: str | None = Field(
         default=None,
@@ -51,12 +53,14 @@ class ModelArgs(_Args):
     )
 
 
-class DatasetArgs(_Args):
+class TextSourceArgs(_Args):
+    """Where text comes from: shared by calibration data and held-out evaluation text."""
+
     dataset_name: str = Field(
         default="python_docs",
         min_length=1,
-        description="A registered shortcut (see tasks.dataset_registry), a hub dataset id, or a "
-        "local .txt/.jsonl/.json/.parquet file.",
+        description="A registered shortcut (see compressflow.registries.datasets), a hub dataset "
+        "id, or a local .txt/.jsonl/.json/.parquet file.",
     )
     dataset_config_name: str | None = Field(
         default=None, description="Hub dataset configuration (subset) name."
@@ -69,6 +73,15 @@ class DatasetArgs(_Args):
         description="Column holding the text or the chat messages; a shortcut's default, else "
         "'text' or 'messages' when present.",
     )
+    dataset_loader: str | None = Field(
+        default=None,
+        pattern=IMPORT_PATH_PATTERN,
+        description="`module:function` returning a datasets.Dataset, called with the DatasetArgs; "
+        "replaces the built-in loading.",
+    )
+
+
+class DatasetArgs(TextSourceArgs):
     text_samples: int = Field(
         default=256, ge=0, description="Number of calibration samples (0 for data-free recipes)."
     )
@@ -77,12 +90,6 @@ class DatasetArgs(_Args):
     )
     max_seq_len: int = Field(default=2048, gt=0, description="Maximum tokens per sample.")
     seed: int = Field(default=42, description="Seed for sampling rows: same seed, same samples.")
-    dataset_loader: str | None = Field(
-        default=None,
-        pattern=IMPORT_PATH_PATTERN,
-        description="`module:function` returning a datasets.Dataset, called with the DatasetArgs; "
-        "replaces the built-in loading.",
-    )
     data_collator: str | None = Field(
         default=None,
         pattern=IMPORT_PATH_PATTERN,
@@ -153,3 +160,124 @@ class TrackingArgs(_Args):
     task_name: str | None = Field(
         default=None, description="ClearML task name; '<model> <scheme>' when empty."
     )
+
+
+class VerifyArgs(_Args):
+    """The checks a compressed checkpoint must pass before it is published.
+
+    The default thresholds refuse broken models (measured: cosine 0.3-0.37 and top-1 0-1% for
+    a destroyed Gemma, top-1 45% for a Mixtral with random experts) and pass the noise 4-bit
+    weights add to tiny random models (cosine 0.92-0.99). They are a floor, not a quality
+    gate: evaluate-model's perplexity and KL limits are.
+    """
+
+    samples: int = Field(
+        default=4,
+        ge=1,
+        le=16,
+        description="Held-out texts (Python builtins' docstrings, never calibration data) the "
+        "base and the compressed model both read; their next-token logits are compared.",
+    )
+    max_seq_len: int = Field(default=64, ge=2, le=2048, description="Tokens per held-out text.")
+    min_cosine: float = Field(
+        default=0.9,
+        ge=0,
+        le=1,
+        description="Smallest allowed mean cosine similarity between the base's and the compressed "
+        "model's logits per position.",
+    )
+    max_kl: float = Field(
+        default=1.0,
+        ge=0,
+        description="Largest allowed mean KL(base || compressed) per position, in nats.",
+    )
+    min_top1: float = Field(
+        default=0.4,
+        ge=0,
+        le=1,
+        description="Smallest allowed share of positions where both models pick the same token.",
+    )
+
+
+# evaluate-model
+
+
+class HeldOutArgs(TextSourceArgs):
+    """Evaluation text. When it is the calibration dataset, the calibration samples are left out."""
+
+    samples: int = Field(default=32, gt=0, description="Number of held-out texts scored.")
+    max_seq_len: int = Field(default=512, gt=1, description="Maximum tokens per text.")
+    seed: int = Field(
+        default=1234, description="Seed for sampling held-out rows (calibration's default is 42)."
+    )
+
+    def dataset_args(self) -> DatasetArgs:
+        fields = self.model_dump(exclude={"samples"})
+        return DatasetArgs(**fields, text_samples=self.samples)
+
+
+class QualityGate(_Args):
+    max_perplexity_increase_pct: float | None = Field(
+        default=10.0,
+        ge=0,
+        description="Largest allowed perplexity increase over the base model, in percent "
+        "(empty: no limit).",
+    )
+    max_kl: float | None = Field(
+        default=0.1,
+        ge=0,
+        description="Largest allowed mean KL(base || compressed) per token, in nats "
+        "(empty: no limit).",
+    )
+    on_threshold: Literal["fail", "flag"] = Field(
+        default="fail",
+        description="fail: the run fails when a limit is passed. flag: it completes, with "
+        "passed=false in its result, a warning and the artifact marking the breach.",
+    )
+
+
+class LmEvalArgs(_Args):
+    tasks: list[str] = Field(
+        default_factory=list,
+        description="lm-eval-harness task names (e.g. hellaswag) run on both models; needs "
+        "lm-eval installed on the worker and the tasks' datasets reachable.",
+    )
+    limit: int | None = Field(
+        default=None, gt=0, description="Examples per lm-eval task (empty: all of them)."
+    )
+
+
+# sweep-recipe
+
+METRICS = ("perplexity_increase_pct", "kl_divergence", "top1_agreement", "compressed_perplexity")
+
+
+class SearchSpace(_Args):
+    recipe_args: dict[str, list[Any]] = Field(
+        default_factory=dict,
+        description="Values to try for each recipe placeholder, e.g. "
+        "{dampening_frac: [0.01, 0.1], block_size: [64, 128]}.",
+    )
+    text_samples: list[int] = Field(
+        default_factory=list,
+        description="Calibration sample counts to try; empty: dataset.text_samples only.",
+    )
+    strategy: Literal["grid", "random"] = Field(
+        default="grid", description="grid: every combination; random: `budget` of them."
+    )
+    budget: int | None = Field(
+        default=None, gt=0, description="Random search: how many points (default: all)."
+    )
+    seed: int = Field(default=0, description="Random search: which points are drawn.")
+
+
+class Objective(_Args):
+    metric: Literal[METRICS] = Field(  # type: ignore[valid-type]
+        default="kl_divergence", description="An evaluate-model metric to rank points by."
+    )
+    direction: Literal["minimize", "maximize"] = Field(default="minimize")
+
+
+class Deployments(_Args):
+    compress: str = Field(default="compress-model/compress", description="flow/deployment name.")
+    evaluate: str = Field(default="evaluate-model/evaluate", description="flow/deployment name.")

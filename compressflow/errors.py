@@ -8,15 +8,20 @@ from __future__ import annotations
 
 
 class CompressflowError(Exception):
-    """Base class: a problem in the inputs or the environment that the user can fix."""
+    """Base class: a problem in the inputs or the environment that the user can fix.
 
-
-class InputError(CompressflowError, ValueError):
-    """A parameter is wrong. `field` is its dotted name, e.g. `recipe.recipe_args`."""
+    `field` is the dotted parameter name it concerns (e.g. `recipe.recipe_args`), or the module,
+    file or setting when no parameter is at fault; the message always reads
+    `<field>: <problem>. Fix: <fix>`.
+    """
 
     def __init__(self, field: str, problem: str, fix: str):
         self.field, self.problem, self.fix = field, problem, fix
         super().__init__(f"{field}: {problem}. Fix: {fix}")
+
+
+class InputError(CompressflowError, ValueError):
+    """A parameter is wrong."""
 
 
 class RecipeError(InputError):
@@ -37,3 +42,23 @@ class TraceabilityError(CompressflowError):
 
 class PublishError(CompressflowError):
     """The output cannot be published where asked."""
+
+
+class CalibrationError(CompressflowError):
+    """llm-compressor failed during calibration in a way no earlier check foresaw."""
+
+
+class VerificationError(CompressflowError):
+    """The compressed checkpoint failed verification; it was not published."""
+
+
+class HubUnavailableError(CompressflowError, ConnectionError):
+    """The hub answered 5xx or 429, or could not be reached: transient, so the fetch retries."""
+
+
+class QualityThresholdExceeded(CompressflowError):
+    """The compressed model lost more quality than the evaluation's thresholds allow."""
+
+
+class PointFailed(CompressflowError):
+    """A point's compression or evaluation did not complete."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import logging
 import os
 import socket
 import time
@@ -24,13 +23,12 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tasks.errors import PublishError
+from compressflow.errors import PublishError
+from compressflow.logs import run_logger
+from compressflow.settings import settings
 
-DEFAULT_TIMEOUT_SECONDS = 6 * 3600
 POLL_SECONDS = 2.0
 REMIND_SECONDS = 600  # how often a long wait logs again
-
-log = logging.getLogger(__name__)
 
 
 def lock_path(target: Path) -> Path:
@@ -38,7 +36,7 @@ def lock_path(target: Path) -> Path:
 
 
 def lock_timeout() -> float:
-    return float(os.environ.get("COMPRESSFLOW_LOCK_TIMEOUT_SECONDS", DEFAULT_TIMEOUT_SECONDS))
+    return settings().lock_timeout_seconds
 
 
 def read_holder(target: Path) -> dict | None:
@@ -98,22 +96,28 @@ def _acquire(target: Path, timeout: float, logger) -> int:
         holder = read_holder(target)
         if waited >= timeout:
             raise PublishError(
-                f"output.save_directory: {target} is still being written by {describe(holder)} "
-                f"after waiting {waited:.0f} s. Fix: let that run finish or cancel it, choose "
-                "another save_directory, or raise COMPRESSFLOW_LOCK_TIMEOUT_SECONDS"
+                "output.save_directory",
+                f"{target} is still being written by {describe(holder)} after waiting "
+                f"{waited:.0f} s",
+                "let that run finish or cancel it, choose another save_directory, or raise "
+                "COMPRESSFLOW_LOCK_TIMEOUT_SECONDS",
             )
         if holder != last_holder or waited - reminded >= REMIND_SECONDS:
             logger.info(
                 "Waiting for %s: %s is writing it (waited %.0f s of %.0f s)",
-                target, describe(holder), waited, timeout,
-            )  # fmt: skip
+                target,
+                describe(holder),
+                waited,
+                timeout,
+            )
             reminded, last_holder = waited, holder
         time.sleep(min(POLL_SECONDS, max(timeout - waited, 0.01)))
 
 
 @contextmanager
-def output_lock(target: Path, logger=log, timeout: float | None = None) -> Iterator[None]:
+def output_lock(target: Path, logger=None, timeout: float | None = None) -> Iterator[None]:
     """Hold the exclusive lock of `target`, waiting (bounded) while another run holds it."""
+    logger = logger or run_logger(__name__)
     fd = _acquire(target, lock_timeout() if timeout is None else timeout, logger)
     path = lock_path(target)
     try:

@@ -6,6 +6,10 @@ its path. `LocalSourceAware` therefore keys on the inputs, the task's source and
 signature (path, size, mtime) of every local path found among the inputs. The stage itself then
 records a content identity (a hash), so a cache hit is still traceable in the manifest.
 
+Cached results are pickled result models: the key also holds a hash of `compressflow.results`,
+so results pickled by an earlier version of those models (missing a field added since) are never
+handed to code that expects the new ones.
+
 Cached results point at folders on disk; the flow's stage runner refreshes an entry whose folder
 was deleted, so a cleaned cache never surfaces as a confusing error downstream.
 """
@@ -13,7 +17,6 @@ was deleted, so a cleaned cache never surfaces as a confusing error downstream.
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -22,6 +25,11 @@ from typing import Any
 from prefect.cache_policies import INPUTS, TASK_SOURCE, CachePolicy
 from prefect.context import TaskRunContext
 from pydantic import BaseModel
+
+from compressflow import results
+from compressflow.settings import settings
+
+RESULTS_SOURCE = hashlib.sha256(Path(results.__file__).read_bytes()).hexdigest()
 
 # Unpinned hub revisions ("main") are re-resolved after this long; pinned ones never change.
 CACHE_EXPIRATION = timedelta(days=7)
@@ -53,13 +61,16 @@ def stat_signature(path: Path) -> str | None:
     digest = hashlib.sha256()
     for file in files:
         stat = file.stat()
-        digest.update(f"{file.relative_to(path.parent)}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+        digest.update(
+            f"{file.relative_to(path.parent)}:{stat.st_size}:{stat.st_mtime_ns}\n".encode()
+        )
     return digest.hexdigest()
 
 
 @dataclass
 class LocalSourceAware(CachePolicy):
-    """INPUTS + TASK_SOURCE, plus the stat signature of local paths among the inputs."""
+    """INPUTS + TASK_SOURCE + the result models' source, plus the stat signature of local paths
+    among the inputs."""
 
     def compute_key(
         self,
@@ -77,10 +88,9 @@ class LocalSourceAware(CachePolicy):
             if "\n" not in text and len(text) < 4096
             if (sig := stat_signature(Path(text).expanduser())) is not None
         ]
-        return hashlib.sha256("\n".join([base, *signatures]).encode()).hexdigest()
+        return hashlib.sha256("\n".join([base, RESULTS_SOURCE, *signatures]).encode()).hexdigest()
 
 
 def cache_root() -> Path:
     """Where compressflow keeps built datasets: $COMPRESSFLOW_CACHE_DIR or ~/.cache/compressflow."""
-    return Path(os.environ.get("COMPRESSFLOW_CACHE_DIR", "~/.cache/compressflow")).expanduser()
-
+    return settings().cache_dir.expanduser()

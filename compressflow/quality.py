@@ -1,0 +1,125 @@
+"""How far a compressed model's outputs moved from its base model's, on the same token ids.
+
+Per next-token position we take the base model's distribution P and the compressed model's Q:
+
+- perplexity of each (exp of the mean negative log-likelihood of the actual next token);
+- KL(P || Q), averaged over positions: how far the whole distribution moved, which catches
+  damage that perplexity averages away;
+- top-1 agreement: how often both models rank the same next token first.
+
+The evaluate-model flow scores held-out text with these; the thresholds that gate a model live
+with the flows' parameters.
+"""
+
+from __future__ import annotations
+
+import math
+
+from compressflow.compat import patch_reloads
+from compressflow.results import QualityMetrics
+
+
+def load_causal_lm(path: str, model_class: str, trust_remote_code: bool):
+    """A model for inference: spread over the visible GPUs when there are any, else CPU."""
+    import torch
+    import transformers
+
+    patch_reloads()  # compressed checkpoints the pinned transformers cannot otherwise reload
+    model = getattr(transformers, model_class).from_pretrained(
+        path,
+        dtype="auto",
+        device_map="auto" if torch.cuda.is_available() else None,
+        trust_remote_code=trust_remote_code,
+    )
+    return model.eval()
+
+
+def score(base, compressed, input_ids: list[list[int]]) -> QualityMetrics:
+    """Perplexities, KL(base || compressed) and top-1 agreement over every next-token position."""
+    import torch
+    import torch.nn.functional as F
+
+    nll_base = nll_compressed = kl_sum = 0.0
+    agree = positions = 0
+    with torch.inference_mode():
+        for ids in input_ids:
+            # One sample per forward: no padding, so every position is real text.
+            tokens = torch.tensor([ids], device=base.device)
+            mask = torch.ones_like(tokens)
+            logp = F.log_softmax(base(tokens, attention_mask=mask).logits[0, :-1].float(), dim=-1)
+            logits_q = compressed(
+                tokens.to(compressed.device), attention_mask=mask.to(compressed.device)
+            ).logits
+            logq = F.log_softmax(logits_q[0, :-1].float().to(logp.device), dim=-1)
+            targets = tokens[0, 1:].to(logp.device)
+            nll_base -= logp.gather(1, targets[:, None]).sum().item()
+            nll_compressed -= logq.gather(1, targets[:, None]).sum().item()
+            kl_sum += F.kl_div(logq, logp, log_target=True, reduction="sum").item()
+            agree += (logp.argmax(-1) == logq.argmax(-1)).sum().item()
+            positions += len(targets)
+    base_ppl, compressed_ppl = math.exp(nll_base / positions), math.exp(nll_compressed / positions)
+    return QualityMetrics(
+        samples=len(input_ids),
+        tokens=positions,
+        base_perplexity=base_ppl,
+        compressed_perplexity=compressed_ppl,
+        perplexity_increase_pct=100.0 * (compressed_ppl / base_ppl - 1.0),
+        kl_divergence=max(kl_sum / positions, 0.0),  # float rounding can dip below zero
+        top1_agreement=agree / positions,
+    )
+
+
+def breaches(
+    metrics: QualityMetrics, max_perplexity_increase_pct: float | None, max_kl: float | None
+) -> list[str]:
+    """One line per threshold the metrics pass; empty when the model is within bounds."""
+    found = []
+    if max_perplexity_increase_pct is not None and (
+        metrics.perplexity_increase_pct > max_perplexity_increase_pct
+        or not math.isfinite(metrics.compressed_perplexity)
+    ):
+        found.append(
+            f"perplexity rose {metrics.perplexity_increase_pct:.2f}% "
+            f"(limit {max_perplexity_increase_pct}%)"
+        )
+    if max_kl is not None and not metrics.kl_divergence <= max_kl:  # NaN counts as a breach
+        found.append(f"KL divergence {metrics.kl_divergence:.5f} nats/token (limit {max_kl})")
+    return found
+
+
+def compare_logits(reference: list, compressed: list) -> dict[str, float]:
+    """Mean cosine, mean KL(reference || compressed) and top-1 agreement over all positions.
+
+    Each list holds one [positions, vocab] tensor per sample. Non-finite logits give NaN
+    figures, which no threshold accepts.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    cosine = kl = agree = 0.0
+    positions = 0
+    for ref, new in zip(reference, compressed, strict=True):
+        ref, new = ref.float(), new.float().to(ref.device)
+        if not torch.isfinite(new).all():
+            return {"cosine": math.nan, "kl_divergence": math.nan, "top1_agreement": math.nan}
+        cosine += F.cosine_similarity(ref, new, dim=-1).sum().item()
+        logp, logq = F.log_softmax(ref, dim=-1), F.log_softmax(new, dim=-1)
+        kl += F.kl_div(logq, logp, log_target=True, reduction="sum").item()
+        agree += (ref.argmax(-1) == new.argmax(-1)).sum().item()
+        positions += ref.shape[0]
+    return {
+        "cosine": cosine / positions,
+        "kl_divergence": max(kl / positions, 0.0),  # float rounding can dip below zero
+        "top1_agreement": agree / positions,
+    }
+
+
+def logits_of(model, samples: list[list[int]]) -> list:
+    """The model's next-token logits for each sample, one forward per sample (no padding)."""
+    import torch
+
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        return [
+            model(torch.tensor([ids], device=device)).logits[0].float().cpu() for ids in samples
+        ]

@@ -1,0 +1,1 @@
+"""Plain-data registries: recipe presets and dataset shortcuts, listable without llm-compressor."""

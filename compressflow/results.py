@@ -1,0 +1,337 @@
+"""What stages return: small typed results the flow passes forward, and workers pickle.
+
+They live in an installed module with a stable name (not in a flow file a worker loads by path),
+so a result pickled by one process unpickles in another (a sweep reading a compress run's result).
+A stage takes the results it needs as arguments and never imports another stage to get a type.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from compressflow.params import METRICS
+
+# fetch model
+
+
+class FetchedModel(BaseModel):
+    """A model on local disk, and what it is, independent of where it came from."""
+
+    path: str = Field(description="Local folder with config, tokenizer and weights.")
+    source: Literal["local", "hub", "clearml"]
+    model_id: str
+    revision_requested: str | None = None
+    revision_resolved: str | None = Field(default=None, description="Hub commit sha.")
+    identity: str = Field(
+        description="Immutable identity: 'hub:<id>@<sha>', 'clearml:<id>:<hash>' or 'sha256:<hash>'."
+    )
+    size_bytes: int
+    parameters: int | None = Field(default=None, description="From safetensors headers.")
+    trust_remote_code: bool = False
+    model_class: str = "AutoModelForCausalLM"
+
+    def exists(self) -> bool:
+        return Path(self.path, "config.json").exists()
+
+    def log_to(self, tracker) -> None:
+        tracker.params("model", self.tracking_params())
+
+    def tracking_params(self) -> dict:
+        return {
+            "model_id": self.model_id,
+            "source": self.source,
+            "revision_requested": self.revision_requested or "",
+            "revision_resolved": self.revision_resolved or "",
+            "identity": self.identity,
+            "size_bytes": self.size_bytes,
+            "parameters": self.parameters or 0,
+            "model_class": self.model_class,
+        }
+
+
+# build dataset
+
+
+class BuiltDataset(BaseModel):
+    path: str = Field(description="datasets.save_to_disk folder with input_ids and attention_mask.")
+    fingerprint: str = Field(
+        description="sha256 over the tokenized samples and how they were made."
+    )
+    source: str = Field(description="Where the rows came from, e.g. 'shortcut:python_docs'.")
+    num_samples: int
+    token_stats: dict[str, float] = Field(description="min, mean, max and total tokens per sample.")
+    chat_template_applied: bool = False
+
+    def exists(self) -> bool:
+        return Path(self.path, "dataset_info.json").exists()
+
+    def log_to(self, tracker) -> None:
+        tracker.params("dataset", self.tracking_params())
+
+    def tracking_params(self) -> dict:
+        return {
+            "source": self.source,
+            "fingerprint": self.fingerprint,
+            "samples": self.num_samples,
+            "chat_template_applied": self.chat_template_applied,
+            **{f"tokens_{name}": value for name, value in self.token_stats.items()},
+        }
+
+
+class HeldOutText(BaseModel):
+    source: str
+    input_ids: list[list[int]] = Field(description="One tokenized sample per entry, unpadded.")
+    excluded_calibration_samples: int = Field(
+        description="Rows left out because the compressed model was calibrated on them."
+    )
+
+
+# render recipe
+
+
+class RenderedRecipe(BaseModel):
+    yaml: str = Field(description="The rendered recipe: what oneshot gets and recipe.yaml holds.")
+    sha256: str = Field(description="Hash of `yaml`.")
+    source: str = Field(description="'preset:W4A16', 'yaml', 'file:<path>', 'dict' or 'list'.")
+    modifiers: list[str] = Field(description="Modifier class names, in order.")
+    scheme: str | None = Field(default=None, description="Quantization scheme, e.g. W4A16.")
+    pipeline: str = Field(description="Effective calibration pipeline for the data modifiers.")
+    needs_data: bool = Field(description="Whether any modifier needs calibration data.")
+    data_modifiers: int = Field(
+        default=0, description="How many modifiers need calibration data (sequential passes)."
+    )
+    notes: list[str] = Field(
+        default_factory=list,
+        description="Changes made to what was asked: migrations (e.g. legacy observer) and "
+        "architecture rules.",
+    )
+    architecture: str | None = Field(
+        default=None, description="The model's model_type, once adapted to it."
+    )
+    sequential_targets: list[str] | None = Field(
+        default=None,
+        description="Layer classes the sequential pipeline calibrates one at a time, when the "
+        "architecture needs other than llm-compressor's default (recipe.sequential_targets wins).",
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Values the $placeholders took, preset defaults included.",
+    )
+
+    def log_to(self, tracker) -> None:
+        tracker.configuration("recipe", self.yaml, description=f"Rendered from {self.source}")
+        tracker.params("recipe_args", self.args)
+        if self.notes:
+            tracker.params("recipe_notes", dict(enumerate(self.notes)))
+
+
+# check traceability
+
+
+class TraceReport(BaseModel):
+    checked: bool
+    subgraphs: int | None = None
+    seconds: float = 0.0
+    reason: str = ""
+    sequential_targets: list[str] = Field(
+        default_factory=list, description="Module class names the model was partitioned at."
+    )
+    tracing_ignore: list[str] = Field(
+        default_factory=list, description="Function names the tracer skipped."
+    )
+    peak_rss_mb: float | None = Field(
+        default=None,
+        description="Process peak resident memory after tracing (getrusage ru_maxrss). It "
+        "includes the imports and anything the process did before; it is per config only in a "
+        "fresh process, which is how the benchmark measures it.",
+    )
+    rss_growth_mb: float | None = Field(
+        default=None,
+        description="How much tracing raised that peak: 0 when an earlier step peaked higher.",
+    )
+
+
+# calibrate
+
+
+class ModuleMetric(BaseModel):
+    name: str
+    error: float | None = None
+    seconds: float | None = None
+
+
+class Calibration(BaseModel):
+    staging_path: str = Field(description="Folder holding the saved checkpoint, not yet published.")
+    seconds: float
+    peak_rss_mb: float = Field(description="Peak resident memory of the process so far.")
+    peak_gpu_mb: float | None = Field(default=None, description="Peak CUDA memory, when on GPU.")
+    checkpoint_bytes: int
+    modules: list[ModuleMetric] = Field(default_factory=list)
+    reference_seconds: float = Field(
+        default=0.0, description="Time spent capturing the base model's reference logits."
+    )
+    reference_path: str | None = Field(
+        default=None,
+        description="The base model's logits on the verification texts, captured before "
+        "calibration changed the model (a file beside the staging folder, never published).",
+    )
+
+
+# verify
+
+
+class VerificationCheck(BaseModel):
+    name: str
+    passed: bool
+    detail: str
+
+
+class Verification(BaseModel):
+    """What the verify stage proved about a staged checkpoint."""
+
+    passed: bool
+    checks: list[VerificationCheck]
+    cosine: float | None = Field(default=None, description="Mean cosine of logits per position.")
+    kl_divergence: float | None = Field(default=None, description="Mean KL(base || compressed).")
+    top1_agreement: float | None = Field(default=None, description="Share of same top-1 tokens.")
+    seconds: float = 0.0
+    peak_rss_mb: float | None = Field(
+        default=None, description="Process peak resident memory once verified (ru_maxrss)."
+    )
+
+    def failed(self) -> list[VerificationCheck]:
+        return [check for check in self.checks if not check.passed]
+
+    def log_to(self, tracker) -> None:
+        tracker.params(
+            "verification",
+            {
+                "passed": self.passed,
+                **{check.name: check.detail for check in self.checks},
+            },
+        )
+        for name in ("cosine", "kl_divergence", "top1_agreement"):
+            if getattr(self, name) is not None:
+                tracker.single(f"verification {name}", getattr(self, name))
+
+
+# publish
+
+
+class StageRecord(BaseModel):
+    name: str
+    seconds: float
+    cached: bool
+
+
+class PublishedModel(BaseModel):
+    """Where the compressed model is and what it is: what downstream flows consume."""
+
+    path: str
+    run_key: str
+    reused: bool = Field(description="True when an earlier run's output was returned as is.")
+    model_identity: str
+    scheme: str | None
+    size_bytes: int
+    original_size_bytes: int
+    compression_ratio: float
+    stages: list[StageRecord] = Field(
+        default_factory=list, description="This run's stages: seconds taken and cache hits."
+    )
+    tracking: str = Field(default="", description="Where ClearML logged the run, or why it failed.")
+
+
+# evaluate
+
+
+class QualityMetrics(BaseModel):
+    samples: int
+    tokens: int = Field(description="Next-token positions scored.")
+    base_perplexity: float
+    compressed_perplexity: float
+    perplexity_increase_pct: float = Field(description="100 * (compressed / base - 1).")
+    kl_divergence: float = Field(description="Mean KL(base || compressed) per position, in nats.")
+    top1_agreement: float = Field(description="Share of positions where both pick the same token.")
+
+
+class EvaluationReport(BaseModel):
+    """What evaluate-model returns. It lives here, not in the flow module: a worker loads the flow
+    file by path (as module `evaluate`), and a result pickled from there would not unpickle
+    in the process that reads it (e.g. a sweep)."""
+
+    compressed_path: str
+    base_identity: str
+    scheme: str | None
+    held_out_source: str
+    excluded_calibration_samples: int
+    metrics: QualityMetrics
+    lm_eval: dict[str, dict[str, float]] = Field(
+        default_factory=dict, description="{'base' | 'compressed': {'<task>/<metric>': value}}."
+    )
+    breaches: list[str] = Field(description="Thresholds passed; empty when within limits.")
+    passed: bool
+    tracking: str | None = Field(default=None, description="Where ClearML logged the run.")
+
+
+# sweep
+
+
+class Point(BaseModel):
+    recipe_args: dict[str, Any]
+    text_samples: int
+
+    def label(self) -> str:
+        values = {**self.recipe_args, "text_samples": self.text_samples}
+        return ", ".join(f"{name}={value}" for name, value in values.items())
+
+    def key(self) -> str:
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:10]
+
+
+class PointResult(BaseModel):
+    point: Point
+    status: Literal["completed", "failed"]
+    metrics: dict[str, float] = Field(default_factory=dict)
+    objective: float | None = None
+    output_path: str | None = None
+    runs: dict[str, str] = Field(default_factory=dict, description="Flow run names by stage.")
+    error: str | None = None
+
+    def row(self) -> dict:
+        return {
+            "point": self.point.label(),
+            "status": self.status,
+            "objective": self.objective,
+            **{name: self.metrics.get(name) for name in METRICS},
+            "output": self.output_path,
+            "runs": ", ".join(f"{stage}: {name}" for stage, name in self.runs.items()),
+            "error": self.error,
+        }
+
+
+class SweepReport(BaseModel):
+    results: list[PointResult] = Field(description="Completed points best first, then failures.")
+    best: PointResult | None
+
+
+# validate
+
+
+class Check(BaseModel):
+    name: str
+    seconds: float
+    detail: str
+
+
+class ValidationReport(BaseModel):
+    checks: list[Check]
+    output_path: str
+    reuses_output: bool
+
+    def table(self) -> str:
+        rows = [f"  {c.name:<14} {c.seconds:6.2f} s  {c.detail}" for c in self.checks]
+        return "\n".join(["Parameters are valid:", *rows])

@@ -1,0 +1,355 @@
+"""Text sources: how rows are loaded, sampled, turned into text and tokenized.
+
+Shared by the calibration dataset (tasks/build_dataset.py) and the held-out evaluation text
+(tasks/build_held_out.py), so evaluation can rebuild exactly the rows calibration drew and leave
+them out.
+
+Sources, tried in this order:
+1. `dataset_loader` (`module:function`, imported, called with the DatasetArgs, must return a
+   `datasets.Dataset`);
+2. a shortcut from `compressflow.registries.datasets` (e.g. `python_docs`, `gsm8k`);
+3. a local file or folder: `.txt` (one sample per paragraph, i.e. blocks separated by blank
+   lines, so samples are coherent text rather than single lines), `.jsonl`/`.json`, `.parquet`,
+   `.csv`, or a folder of such files;
+4. anything else is a hub dataset id for `datasets.load_dataset`, which honours HF_HUB_OFFLINE
+   and the local cache under HF_HOME.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import re
+import string
+from pathlib import Path
+from typing import Any, Callable
+
+from compressflow.errors import DatasetError
+from compressflow.imports import import_callable
+from compressflow.logs import run_logger
+from compressflow.params import DatasetArgs
+from compressflow.registries.datasets import ALIASES, SHAREGPT_ROLES, SHORTCUTS, lookup
+from compressflow.results import FetchedModel
+
+# Suffixes read as local files, and the `datasets` builder for each (.txt is read here).
+FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+FILE_SUFFIXES = {*FILE_BUILDERS, ".txt"}
+
+
+def load_tokenizer(model: FetchedModel):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+
+
+def tokenizer_identity(tokenizer) -> str:
+    """Hash of the vocabulary, merges, normalizer and chat template: what decides the tokens."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        vocab = backend.to_str()
+    else:  # slow tokenizer
+        vocab = json.dumps(sorted(tokenizer.get_vocab().items()))
+    template = str(getattr(tokenizer, "chat_template", None))
+    text = "\n".join([type(tokenizer).__name__, vocab, template])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def load_source(args: DatasetArgs):
+    """(dataset, readable source, registry entry or None) for the DatasetArgs."""
+    import datasets
+
+    if args.dataset_loader:
+        return call_loader(args.dataset_loader, args), f"loader:{args.dataset_loader}", None
+
+    name = args.dataset_name
+    entry = lookup(name)
+    if entry is not None:
+        shortcut = ALIASES.get(name, name)
+        if entry["format"] == "audio":
+            raise DatasetError(
+                "dataset.dataset_name",
+                f"'{name}' is an audio dataset; compressflow builds text and image samples only",
+                "pick a text dataset, or pass a dataset_loader returning processor-ready rows",
+            )
+        if "local_rows" in entry:
+            rows = import_callable(
+                entry["local_rows"], "dataset.dataset_name", DatasetError, trusted=True
+            )()
+            return datasets.Dataset.from_dict({"text": rows}), f"shortcut:{shortcut}", entry
+        split = args.split or entry["split"]
+        split = entry.get("split_aliases", {}).get(split, split)
+        config = args.dataset_config_name or entry.get("config")
+        dataset = load_hub(entry["hub_id"], config, split, entry.get("data_files"), shortcut)
+        return dataset, f"shortcut:{shortcut} ({entry['hub_id']}, split {split})", entry
+
+    path = Path(name).expanduser()
+    if path.exists():
+        return load_local(path, args.split or "train"), f"file:{path.resolve()}", None
+    if looks_like_path(name):
+        raise DatasetError(
+            "dataset.dataset_name",
+            f"local file '{name}' does not exist (looked at {path.resolve()})",
+            "fix the path (relative paths start from the worker's working directory), "
+            f"or use a shortcut: {', '.join(SHORTCUTS)}",
+        )
+    split = args.split or "train"
+    dataset = load_hub(name, args.dataset_config_name, split)
+    config = f", config {args.dataset_config_name}" if args.dataset_config_name else ""
+    return dataset, f"hub:{name} (split {split}{config})", None
+
+
+def looks_like_path(name: str) -> bool:
+    """A known file suffix, a leading ./ / ~, a backslash or more than one '/' mean a file path.
+
+    `owner/name` and bare names are hub ids.
+    """
+    return (
+        Path(name).suffix.lower() in FILE_SUFFIXES
+        or name.startswith((".", "/", "~"))
+        or "\\" in name
+        or name.count("/") > 1
+    )
+
+
+def check_text_file(path: Path) -> None:
+    """Refuse an empty file, or a text format that is not UTF-8 text, before `datasets` reads it."""
+    if path.stat().st_size == 0 or (
+        path.suffix.lower() != ".parquet" and not path.read_bytes().strip()
+    ):
+        raise DatasetError(
+            "dataset.dataset_name",
+            f"'{path}' is empty",
+            "point it at a file with calibration text (one sample per paragraph or JSON line)",
+        )
+    if path.suffix.lower() in (".txt", ".jsonl", ".json", ".csv"):
+        with path.open("rb") as handle:
+            head = handle.read(1 << 20)
+        try:
+            head.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if exc.start < len(head) - 4:  # not just a character cut at the 1 MiB boundary
+                raise DatasetError(
+                    "dataset.dataset_name",
+                    f"'{path}' is not UTF-8 text (byte {exc.start} cannot be decoded): a binary "
+                    "or differently encoded file",
+                    "convert it to UTF-8 text, or name the right file",
+                ) from exc
+
+
+def load_local(path: Path, split: str):
+    """A local file or folder of data files as a Dataset."""
+    import datasets
+
+    if path.is_file():
+        check_text_file(path)
+    if path.suffix.lower() == ".txt":
+        paragraphs = [p.strip() for p in re.split(r"\n\s*\n", path.read_text(encoding="utf-8"))]
+        return datasets.Dataset.from_dict({"text": [p for p in paragraphs if p]})
+    if path.is_dir():
+        return datasets.load_dataset(str(path), split=split)
+    builder = FILE_BUILDERS.get(path.suffix.lower())
+    if builder is None:
+        raise DatasetError(
+            "dataset.dataset_name",
+            f"'{path}' has the suffix '{path.suffix}', which compressflow cannot read",
+            f"convert it to one of {', '.join(sorted(FILE_SUFFIXES))}",
+        )
+    return datasets.load_dataset(builder, data_files=str(path), split=split)
+
+
+def load_hub(
+    name: str, config: str | None, split: str, data_files=None, shortcut: str | None = None
+):
+    """`datasets.load_dataset` with its failures turned into messages that say what to do."""
+    import datasets
+    from datasets.exceptions import DatasetNotFoundError
+
+    nearest = ", ".join(nearest_shortcuts(name))
+    try:
+        return datasets.load_dataset(name, config, split=split, data_files=data_files)
+    except ConnectionError as exc:  # offline (HF_HUB_OFFLINE) or unreachable, and not cached
+        if shortcut:
+            fix = (
+                "run once where the hub is reachable to fill the cache, or use 'python_docs' "
+                "(works offline) or a local file"
+            )
+        else:
+            fix = f"check the name; nearest shortcuts: {nearest}; or use a local file"
+        raise DatasetError(
+            "dataset.dataset_name",
+            f"the Hugging Face Hub is unreachable for dataset '{name}' ({exc}) and the local cache "
+            f"({datasets.config.HF_DATASETS_CACHE}) lacks it",
+            fix,
+        ) from exc
+    except (DatasetNotFoundError, FileNotFoundError) as exc:
+        raise DatasetError(
+            "dataset.dataset_name",
+            f"dataset '{name}' was not found: {exc}",
+            f"check the hub id and your access to it; nearest shortcuts: {nearest}",
+        ) from exc
+    except ValueError as exc:  # unknown split or configuration
+        field = "dataset.split" if "split" in str(exc).lower() else "dataset.dataset_config_name"
+        raise DatasetError(
+            field,
+            f"dataset '{name}' rejects split={split!r}, config={config!r}: {exc}",
+            f"set {field.split('.')[1]} to one that the message lists",
+        ) from exc
+
+
+def nearest_shortcuts(name: str) -> list[str]:
+    """Shortcut names closest to `name` (all of them when none is close)."""
+    candidates = [*SHORTCUTS, *ALIASES]
+    close = difflib.get_close_matches(name.split("/")[-1].lower(), candidates, n=3, cutoff=0.5)
+    return close or list(SHORTCUTS)
+
+
+def call_loader(spec: str, args: DatasetArgs):
+    """Import `module:function`, call it with `args`, and check it returned a datasets.Dataset."""
+    import datasets
+
+    field = "dataset.dataset_loader"
+    result = import_callable(spec, field, DatasetError, call_with=(args,))(args)
+    if not isinstance(result, datasets.Dataset):
+        raise DatasetError(
+            field,
+            f"'{spec}' returned a {type(result).__name__}, not a datasets.Dataset",
+            "return a datasets.Dataset (from a DatasetDict, return one split, e.g. dd['train'])",
+        )
+    return result
+
+
+def row_formatter(dataset, args: DatasetArgs, entry: dict | None, tokenizer, source: str):
+    """(function turning a row into one text sample, whether a chat template renders them)."""
+    columns = dataset.column_names
+    if entry is not None and entry["format"] == "template" and not args.text_column:
+        templates = entry["templates"]
+        fields = [[f for _, f, _, _ in string.Formatter().parse(t) if f] for t in templates]
+        require_columns(fields[-1], columns, source)  # the fallback template must always fit
+        return (lambda row: _fill_template(row, templates, fields)), False
+
+    column = args.text_column or (entry or {}).get("column")
+    if column is None:
+        column = next((c for c in ("text", "messages") if c in columns), "text")
+    require_columns([column], columns, source)
+    if _holds_messages(dataset, column, source):
+        has_template = getattr(tokenizer, "chat_template", None) is not None
+        return (lambda row: render_messages(row[column], tokenizer)), has_template
+    return (lambda row: row[column] or ""), False
+
+
+def require_columns(needed: list[str], columns: list[str], source: str) -> None:
+    missing = [c for c in needed if c not in columns]
+    if missing:
+        raise DatasetError(
+            "dataset.text_column",
+            f"column {', '.join(repr(c) for c in missing)} is not in {source}; its columns are: "
+            f"{', '.join(columns)}",
+            "set text_column to the column holding the text or chat messages",
+        )
+
+
+def _holds_messages(dataset, column: str, source: str) -> bool:
+    """True for chat messages (a list of dicts), False for text, judged by the first value set."""
+    value = next((v for v in dataset.select(range(min(len(dataset), 100)))[column] if v), "")
+    if isinstance(value, str):
+        return False
+    if isinstance(value, list) and isinstance(value[0], dict):
+        return True
+    raise DatasetError(
+        "dataset.text_column",
+        f"column '{column}' of {source} holds {type(value).__name__} values, not text or "
+        "chat messages",
+        "set text_column to a column of strings or of [{role, content}, ...] lists",
+    )
+
+
+def _fill_template(row: dict[str, Any], templates: list[str], fields: list[list[str]]) -> str:
+    """The first template whose fields are all non-empty in `row`; the last one otherwise."""
+    index = next((i for i, names in enumerate(fields) if all(row.get(n) for n in names)), -1)
+    return templates[index].format(**{name: row.get(name) or "" for name in fields[index]})
+
+
+def render_messages(messages: list[dict], tokenizer) -> str:
+    """Chat messages as the model sees them: its chat template, else plain 'role: content' lines."""
+    messages = [
+        {
+            "role": SHAREGPT_ROLES.get(
+                m.get("role") or m.get("from"), m.get("role") or m.get("from")
+            ),
+            "content": m.get("content", m.get("value")),
+        }
+        for m in messages
+    ]
+    if getattr(tokenizer, "chat_template", None) is not None:
+        return tokenizer.apply_chat_template(messages, tokenize=False)
+    return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+
+
+def sample_texts(dataset, format_row: Callable, n: int, seed: int, source: str) -> list[str]:
+    """`n` non-empty texts from rows in a seeded random order: same seed, same samples."""
+    if n > len(dataset):
+        raise DatasetError(
+            "dataset.text_samples",
+            f"text_samples={n} but {source} holds only {len(dataset)} rows",
+            f"set text_samples to at most {len(dataset)}, or pick a larger dataset or split",
+        )
+    texts: list[str] = []
+    # Rows are rendered lazily: only as many as needed, skipping empty ones (e.g. wikitext's).
+    for row in dataset.shuffle(seed=seed, keep_in_memory=True):
+        text = format_row(row)
+        if text.strip():
+            texts.append(text)
+            if len(texts) == n:
+                return texts
+    raise DatasetError(
+        "dataset.text_samples",
+        f"text_samples={n} but {source} holds only {len(texts)} non-empty rows of {len(dataset)}",
+        f"set text_samples to at most {len(texts)}, or pick a larger dataset or split",
+    )
+
+
+def tokenize(texts: list[str], tokenizer, max_seq_len: int, add_special_tokens: bool):
+    """input_ids and attention_mask per text: truncated to max_seq_len, unpadded, batched."""
+    import datasets
+
+    def encode(batch):
+        return tokenizer(
+            batch["text"],
+            max_length=max_seq_len,
+            truncation=True,
+            add_special_tokens=add_special_tokens,
+            return_token_type_ids=False,
+        )
+
+    return datasets.Dataset.from_dict({"text": texts}).map(
+        encode,
+        batched=True,
+        remove_columns=["text"],
+        keep_in_memory=True,
+        # In memory, nothing is cached by this key; a fixed one spares hashing the tokenizer.
+        new_fingerprint=hashlib.sha256(f"{len(texts)}:{max_seq_len}".encode()).hexdigest()[:16],
+    )
+
+
+def load_processor(model: FetchedModel):
+    """The model's processor, or its tokenizer when the processor cannot be built here.
+
+    Qwen2.5-VL's processor requires torchvision, whose registry wheels do not load beside the
+    CPU torch: text calibration needs only the tokenizer, and calibrate copies the source's
+    preprocessing files into the checkpoint either way.
+    """
+    from transformers import AutoProcessor
+
+    try:
+        return AutoProcessor.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    except (ImportError, OSError, ValueError) as exc:
+        run_logger(__name__).warning(
+            "No processor for %s (%s: %s); using its tokenizer",
+            model.model_id,
+            type(exc).__name__,
+            str(exc).splitlines()[0] if str(exc) else "",
+        )
+        return load_tokenizer(model)

@@ -1,0 +1,77 @@
+"""The checks compress-model makes before calibrating, shared with `compressflow validate`.
+
+Both run the same two steps, so they cannot drift: `resolve_inputs` (render the recipe, fetch
+the model, build the dataset: the cheap stages, in the order that fails fastest) and
+`check_before_calibration` (the output folder, disk space, traceability on the meta device).
+The flow runs them as Prefect tasks through `compressflow.stages.Stages` (cached, recorded) and
+puts its output lock and reuse check between the two; validate calls the stages' functions
+directly, without weights, and times each check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from compressflow.disk_space import check_free_space
+from compressflow.manifest import check_target, output_path, run_key
+from compressflow.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
+from compressflow.results import BuiltDataset, FetchedModel, RenderedRecipe
+from compressflow.tasks.adapt_recipe import adapt_recipe
+from compressflow.tasks.build_dataset import build_dataset
+from compressflow.tasks.check_traceability import check_traceability
+from compressflow.tasks.fetch_model import fetch_model
+from compressflow.tasks.render_recipe import render_recipe
+
+# run(stage, *args) -> the stage's result; a stage is a Prefect task or a plain check function.
+Runner = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the cheap stages resolved, and where the output goes."""
+
+    recipe: RenderedRecipe
+    model: FetchedModel
+    dataset: BuiltDataset | None
+    target: Path
+    key: str
+
+
+def resolve_inputs(
+    run: Runner,
+    model: ModelArgs,
+    dataset: DatasetArgs,
+    recipe: RecipeArgs,
+    output: OutputArgs,
+    weights: bool = True,
+) -> Inputs:
+    rendered = run(render_recipe, recipe)
+    fetched = run(fetch_model, model, weights)
+    rendered = run(adapt_recipe, rendered, fetched)
+    built = run(build_dataset, dataset, fetched, rendered.needs_data)
+    return Inputs(
+        recipe=rendered,
+        model=fetched,
+        dataset=built,
+        target=output_path(output, fetched, rendered),
+        key=run_key(fetched, built, rendered, recipe, output),
+    )
+
+
+def check_output(inputs: Inputs, output: OutputArgs) -> Path:
+    """The output folder takes this model, and its disk has room for the checkpoint."""
+    check_target(inputs.target, inputs.key, output.overwrite)
+    check_free_space(
+        inputs.target.parent, inputs.model, inputs.recipe.scheme, output.save_compressed
+    )
+    return inputs.target
+
+
+def check_before_calibration(
+    run: Runner, inputs: Inputs, recipe: RecipeArgs, output: OutputArgs
+) -> None:
+    run(check_output, inputs, output)
+    run(check_traceability, inputs.model, inputs.recipe, inputs.dataset, recipe)

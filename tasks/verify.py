@@ -1,0 +1,241 @@
+"""Verify: proves a staged checkpoint is what a server will load, and still the base model.
+
+It reloads the checkpoint from disk the way a server does and checks, cheapest first:
+
+1. quantization config: `config.json` carries a compressed-tensors `quantization_config`, and
+   its format is not `dense` when the recipe quantizes (a dense save means the weights were not
+   packed: same size as the original, and vLLM reads it as unquantized);
+2. tensor names: every saved tensor belongs to a module of the source checkpoint, and every
+   source tensor is still there (vLLM's loaders map checkpoints by the source's names);
+3. reload: transformers loads it with no missing, unexpected or mismatched keys (a missing key is
+   silently initialised at random);
+4. logits: on held-out texts its next-token logits agree with the base model's, captured before
+   calibration (cosine, KL, top-1 against `verify` thresholds).
+
+A failure raises VerificationError naming the check, the numbers and the fix; the flow then
+publishes nothing. Either way the results go to the log, ClearML and a Prefect artifact.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import time
+from pathlib import Path
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+
+from compressflow import tracking
+from compressflow.compat import patch_reloads
+from compressflow.errors import VerificationError
+from compressflow.logs import run_logger
+from compressflow.params import VerifyArgs
+from compressflow.quality import compare_logits, logits_of
+from compressflow.results import (
+    Calibration,
+    FetchedModel,
+    RenderedRecipe,
+    Verification,
+    VerificationCheck,
+)
+
+# Which parameter each failed check points at, and what to do about it.
+FIELDS = {
+    "quantization config": "recipe.recipe",
+    "tensor names": "model.model_id",
+    "reload": "recipe.recipe",
+    "logits": "verify",
+}
+FIXES = {
+    "quantization config": "the quantized modules were saved unpacked (often a Linear subclass "
+    "compressed-tensors does not recognise); report the architecture, and meanwhile use a recipe "
+    "whose targets name the module classes, or set output.save_compressed true",
+    "tensor names": "the saved names must match the source checkpoint's for vLLM to load it; "
+    "report the architecture (compressflow/registries/architectures.py holds per-family rules)",
+    "reload": "the checkpoint does not reload cleanly; check the listed keys, and add their "
+    "modules to the recipe's ignore list if they should stay unquantized",
+    "logits": "the compressed model's outputs moved too far from the base model's: leave the "
+    "layers with the largest error unquantized (recipe ignore; the manifest lists errors per "
+    "module), use more calibration samples or a scheme with more bits, or, if the loss is "
+    "acceptable, relax verify.min_cosine / verify.max_kl / verify.min_top1",
+}
+
+
+def safetensors_names(folder: Path) -> set[str] | None:
+    """Tensor names from the safetensors headers (no weights read); None when there are none."""
+    from safetensors import safe_open
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    names: set[str] = set()
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            names.update(handle.keys())
+    return names
+
+
+def check_quantization_config(staging: Path, recipe: RenderedRecipe) -> VerificationCheck:
+    config = json.loads((staging / "config.json").read_text())
+    quant = config.get("quantization_config") or (config.get("text_config") or {}).get(
+        "quantization_config"
+    )
+    name = "quantization config"
+    if quant is None:
+        quantizes = recipe.scheme is not None
+        detail = "none in config.json" + (
+            f", but the recipe quantizes ({recipe.scheme})" if quantizes else ""
+        )
+        return VerificationCheck(name=name, passed=not quantizes, detail=detail)
+    groups = quant.get("config_groups") or {}
+    formats = {quant.get("format")} | {g.get("format") for g in groups.values()}
+    formats.discard(None)
+    packed = bool(groups) and formats != {"dense"}
+    detail = f"{quant.get('quant_method')}, format {', '.join(sorted(formats)) or 'unset'}"
+    return VerificationCheck(
+        name=name,
+        passed=packed or not groups,
+        detail=detail if packed or not groups else f"{detail}: the weights were saved unpacked",
+    )
+
+
+def owner(name: str) -> str:
+    """`model.layers.0.mlp.up_proj.weight_scale` -> `model.layers.0.mlp.up_proj`."""
+    return name.rsplit(".", 1)[0]
+
+
+def check_names(staging: Path, source: Path) -> VerificationCheck:
+    """Saved tensors map onto source modules, and no source tensor went missing."""
+    saved, original = safetensors_names(staging), safetensors_names(source)
+    if saved is None or original is None:
+        return VerificationCheck(
+            name="tensor names", passed=True, detail="skipped: not a safetensors checkpoint"
+        )
+    source_modules = {owner(name) for name in original}
+    saved_modules = {owner(name) for name in saved}
+    # Quantization adds tensors (weight_packed, weight_scale, input_scale...) to source modules;
+    # kv-cache scales sit on the attention module, whose projections are in the source.
+    unknown = sorted(
+        name
+        for name in saved
+        if name not in original
+        and owner(name) not in source_modules
+        and not any(module.startswith(owner(name) + ".") for module in source_modules)
+    )
+    dropped = sorted(
+        name for name in original if name not in saved and owner(name) not in saved_modules
+    )
+    problems = []
+    if unknown:
+        problems.append(f"{len(unknown)} saved name(s) not in the source, e.g. {unknown[:3]}")
+    if dropped:
+        problems.append(f"{len(dropped)} source tensor(s) missing, e.g. {dropped[:3]}")
+    return VerificationCheck(
+        name="tensor names",
+        passed=not problems,
+        detail="; ".join(problems) or f"{len(saved)} tensors, all on source modules",
+    )
+
+
+def reload(staging: Path, model: FetchedModel):
+    """The checkpoint as transformers loads it, and a check on what it reported."""
+    import transformers
+
+    patch_reloads()
+    try:
+        loaded, info = getattr(transformers, model.model_class).from_pretrained(
+            staging,
+            dtype="auto",
+            trust_remote_code=model.trust_remote_code,
+            output_loading_info=True,
+        )
+    except Exception as exc:  # whatever transformers raises, the checkpoint does not reload
+        detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return None, VerificationCheck(name="reload", passed=False, detail=detail)
+    problems = [
+        f"{kind.replace('_', ' ')}: {sorted(map(str, keys))[:3]}"
+        for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")
+        if (keys := info.get(kind))
+    ]
+    check = VerificationCheck(
+        name="reload",
+        passed=not problems,
+        detail="; ".join(problems) or f"{type(loaded).__name__}, no missing or unexpected keys",
+    )
+    return loaded.eval(), check
+
+
+def check_logits(loaded, reference_path: Path, args: VerifyArgs) -> tuple[VerificationCheck, dict]:
+    import torch
+
+    reference = torch.load(reference_path)
+    figures = compare_logits(reference["logits"], logits_of(loaded, reference["input_ids"]))
+    cosine, kl, top1 = (figures[k] for k in ("cosine", "kl_divergence", "top1_agreement"))
+    passed = cosine >= args.min_cosine and kl <= args.max_kl and top1 >= args.min_top1
+    positions = sum(len(ids) for ids in reference["input_ids"])
+    detail = (
+        f"cosine {cosine:.4f} (min {args.min_cosine}), KL {kl:.4f} nats (max {args.max_kl}), "
+        f"top-1 {top1:.1%} (min {args.min_top1:.0%}) over {positions} positions"
+    )
+    if any(math.isnan(v) for v in figures.values()):
+        detail = "the compressed model's logits are not finite (NaN or inf)"
+    return VerificationCheck(name="logits", passed=passed, detail=detail), figures
+
+
+def verification_markdown(result: Verification, target: str) -> str:
+    rows = "\n".join(
+        f"| {check.name} | {'pass' if check.passed else '**FAIL**'} | {check.detail} |"
+        for check in result.checks
+    )
+    verdict = "passed" if result.passed else "FAILED: not published"
+    return (
+        f"# Verification: {verdict}\n\n`{target}`\n\n"
+        f"| check | result | detail |\n|---|---|---|\n{rows}\n"
+    )
+
+
+@task(name="verify", cache_policy=NO_CACHE)
+def verify(
+    calibration: Calibration,
+    model: FetchedModel,
+    recipe: RenderedRecipe,
+    args: VerifyArgs,
+    target: str,
+) -> Verification:
+    """Reload the staged checkpoint and prove it; raise VerificationError when it fails."""
+    started = time.perf_counter()
+    staging = Path(calibration.staging_path)
+    checks = [check_quantization_config(staging, recipe), check_names(staging, Path(model.path))]
+    figures: dict[str, float] = {}
+    loaded, reload_check = reload(staging, model)
+    checks.append(reload_check)
+    if calibration.reference_path and loaded is not None:
+        logits_check, figures = check_logits(loaded, Path(calibration.reference_path), args)
+        checks.append(logits_check)
+    del loaded
+    result = Verification(
+        passed=all(check.passed for check in checks),
+        checks=checks,
+        seconds=round(time.perf_counter() - started, 3),
+        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        **figures,
+    )
+    log = run_logger(__name__)
+    for check in checks:
+        (log.info if check.passed else log.error)(
+            "verify %s: %s: %s", check.name, "pass" if check.passed else "FAIL", check.detail
+        )
+    tracking.log_result(result)
+    create_markdown_artifact(verification_markdown(result, target), key="verification")
+    if not result.passed:
+        first = result.failed()[0]
+        raise VerificationError(
+            FIELDS[first.name],
+            "the compressed model failed verification and was not published: "
+            + "; ".join(f"{check.name}: {check.detail}" for check in result.failed()),
+            FIXES[first.name],
+        )
+    return result

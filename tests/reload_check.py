@@ -1,0 +1,50 @@
+"""Reload a published checkpoint in a fresh process, as a server would, and compare it with
+its base model; prints one JSON line. Run by tests/test_architectures.py:
+
+    python tests/reload_check.py PUBLISHED BASE MODEL_CLASS
+
+A fresh process matters: state llm-compressor leaves in the calibrating process (patched
+modules, registries) can make a reload there behave differently.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+import transformers
+
+from compressflow.compat import patch_reloads
+from compressflow.local_text import python_docs
+
+
+def logits(model, texts: list[list[int]]) -> list[torch.Tensor]:
+    with torch.inference_mode():
+        return [model(torch.tensor([ids])).logits[0].float() for ids in texts]
+
+
+def main(published: str, base: str, class_name: str) -> dict:
+    patch_reloads()  # the pinned transformers' reload bugs; a server has its own loader
+    cls = getattr(transformers, class_name)
+    compressed, info = cls.from_pretrained(published, output_loading_info=True)
+    config = json.loads(open(f"{published}/config.json").read())
+    quant = config.get("quantization_config") or config["text_config"]["quantization_config"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(published)
+    # Text the verify stage never saw (it reads builtins' docstrings).
+    texts = [tokenizer(doc)["input_ids"][:48] for doc in python_docs()[100:103]]
+    base_logits = logits(cls.from_pretrained(base).eval(), texts)
+    new_logits = logits(compressed.eval(), texts)
+    pairs = list(zip(base_logits, new_logits, strict=True))
+    return {
+        "load_problems": {k: list(map(str, info[k])) for k in info if info[k]},
+        "format": quant["format"],
+        "cosine": torch.cat([torch.cosine_similarity(b, n, dim=-1) for b, n in pairs])
+        .mean()
+        .item(),
+        "top1": torch.cat([b.argmax(-1) == n.argmax(-1) for b, n in pairs]).float().mean().item(),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(*sys.argv[1:4])))

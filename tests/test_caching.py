@@ -1,0 +1,26 @@
+"""Cached stage results survive only as long as the result models they were pickled from."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from prefect import task
+
+from compressflow import caching
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+@task(cache_policy=caching.LocalSourceAware(), persist_result=True)
+def echo(value: str) -> str:
+    return value
+
+
+def test_results_pickled_by_older_result_models_are_not_reused(monkeypatch):
+    value = uuid.uuid4().hex  # a key no earlier test or session made
+    assert echo(value, return_state=True).name != "Cached"
+    assert echo(value, return_state=True).name == "Cached"
+    # What upgrading compressflow does when compressflow/results.py changed (a field added).
+    monkeypatch.setattr(caching, "RESULTS_SOURCE", "results.py of another version")
+    assert echo(value, return_state=True).name != "Cached"

@@ -1,0 +1,75 @@
+"""The verify stage's checks, each shown to fail on the defect it exists for."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from compressflow.results import RenderedRecipe
+from compressflow.tasks.verify import check_names, check_quantization_config
+
+RECIPE = RenderedRecipe(
+    yaml="",
+    sha256="",
+    source="preset:W4A16",
+    modifiers=["GPTQModifier"],
+    scheme="W4A16",
+    pipeline="sequential",
+    needs_data=True,
+)
+
+
+def write_config(folder: Path, quantization: dict | None) -> None:
+    config = {"model_type": "llama"}
+    if quantization is not None:
+        config["quantization_config"] = quantization
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def group(fmt: str) -> dict:
+    return {"quant_method": "compressed-tensors", "format": fmt, "config_groups": {"g": {}}}
+
+
+@pytest.mark.parametrize(
+    "quantization, passed, words",
+    [
+        (group("pack-quantized"), True, ["pack-quantized"]),
+        (group("dense"), False, ["dense", "unpacked"]),
+        (None, False, ["none in config.json", "W4A16"]),
+    ],
+)
+def test_quantization_config_must_be_present_and_packed(tmp_path, quantization, passed, words):
+    write_config(tmp_path, quantization)
+    check = check_quantization_config(tmp_path, RECIPE)
+    assert check.passed is passed
+    for word in words:
+        assert word in check.detail
+
+
+def test_tensor_names_must_map_onto_the_source(tiny_model, tmp_path):
+    source = Path(tiny_model)
+    good = tmp_path / "good"
+    shutil.copytree(source, good)
+    tensors = load_file(good / "model.safetensors")
+    tensors["model.layers.0.mlp.up_proj.weight_scale"] = torch.ones(1)  # quantization adds these
+    save_file(tensors, good / "model.safetensors")
+    assert check_names(good, source).passed
+
+    # What Mixtral did: experts saved under names the source does not have, its own missing.
+    renamed = tmp_path / "renamed"
+    shutil.copytree(source, renamed)
+    tensors = load_file(renamed / "model.safetensors")
+    tensors["model.layers.0.mlp.experts.0.gate_proj.weight"] = tensors.pop(
+        "model.layers.0.mlp.gate_proj.weight"
+    )
+    save_file(tensors, renamed / "model.safetensors")
+    check = check_names(renamed, source)
+    assert not check.passed
+    assert "experts.0.gate_proj.weight" in check.detail
+    assert "model.layers.0.mlp.gate_proj.weight" in check.detail
