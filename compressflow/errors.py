@@ -44,6 +44,10 @@ class PublishError(CompressflowError):
     """The output cannot be published where asked."""
 
 
+class ResourceError(InputError):
+    """The run cannot fit in the worker's memory as asked; said before any weights load."""
+
+
 class CalibrationError(CompressflowError):
     """llm-compressor failed during calibration in a way no earlier check foresaw."""
 

@@ -25,10 +25,11 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from compressflow.errors import PublishError
-from compressflow.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
+from compressflow.params import CalibrationArgs, DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
 from compressflow.results import (
     BuiltDataset,
     FetchedModel,
+    MemoryPlan,
     ModuleMetric,
     PublishedModel,
     RenderedRecipe,
@@ -76,6 +77,11 @@ class Manifest(BaseModel):
     verification: Verification | None = Field(
         default=None, description="What the verify stage proved before publishing."
     )
+    memory_plan: MemoryPlan | None = Field(
+        default=None,
+        description="The calibration path, where the weights lived, the batch size and the "
+        "speed knobs used, and the memory planned for them.",
+    )
 
     def base_model_args(self) -> ModelArgs | None:
         """The ModelArgs the compressed model was made from."""
@@ -97,8 +103,14 @@ def run_key(
     recipe: RenderedRecipe,
     recipe_args: RecipeArgs,
     output: OutputArgs,
+    calibration: CalibrationArgs,
 ) -> str:
-    """Hash of everything that determines the compressed checkpoint."""
+    """Hash of everything that determines the compressed checkpoint.
+
+    Of the calibration knobs, the path and the batch size change the result (model_free rounds
+    weights without oneshot; batches truncate to their shortest sample); where weights live and
+    prefetching do not.
+    """
     parts = {
         "model": model.identity,
         "model_class": model.model_class,
@@ -108,6 +120,9 @@ def run_key(
         "sequential_targets": recipe_args.sequential_targets,
         "tracing_ignore": recipe_args.tracing_ignore,
         "save_compressed": output.save_compressed,
+        "calibration": calibration.model_dump(
+            include={"path", "batch_size", "moe_calibrate_all_experts"}
+        ),
         "libraries": library_versions(),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()

@@ -126,6 +126,55 @@ class RecipeArgs(_Args):
     )
 
 
+class CalibrationArgs(_Args):
+    """How calibration runs: the path, where the weights live, and llm-compressor's speed knobs.
+
+    The defaults need no tuning: a memory plan made from the model's config before any weights
+    load picks where the weights live and the batch size, and refuses what cannot fit.
+    """
+
+    path: Literal["auto", "classic", "model_free"] = Field(
+        default="auto",
+        description="auto: a data-free scheme (e.g. FP8_DYNAMIC) whose weights can be quantized "
+        "without building the model goes through llm-compressor's model_free_ptq, one shard at a "
+        "time; everything else loads the model and runs oneshot (classic). classic forces "
+        "oneshot; model_free refuses a recipe that path cannot run.",
+    )
+    batch_size: int = Field(
+        default=0,
+        ge=0,
+        le=512,
+        description="Calibration samples per forward pass; 0 picks up to 16 from the memory plan. "
+        "Samples are batched by length, so few tokens are truncated.",
+    )
+    sequential_prefetch: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="Load the next batch onto the GPU while the current one runs (auto: on when "
+        "calibrating on a GPU with room for two batches).",
+    )
+    sequential_offload_device: Literal["cpu", "cuda"] = Field(
+        default="cpu",
+        description="Where activations between layers wait (cpu: the most room; cuda: faster "
+        "when the GPU holds them).",
+    )
+    moe_calibrate_all_experts: bool = Field(
+        default=True,
+        description="Send every token through every expert of an MoE layer while calibrating, so "
+        "no expert is quantized from too few tokens.",
+    )
+    max_cpu_memory_gb: float = Field(
+        default=0,
+        ge=0,
+        description="Cap on the CPU memory the run plans to use, in GiB; 0 means what the worker "
+        "has available. Weights that do not fit under it are read from disk layer by layer.",
+    )
+    offload_folder: str = Field(
+        default="",
+        description="Local folder for weights offloaded to disk; empty: a temporary folder beside "
+        "the output, removed after the run.",
+    )
+
+
 class OutputArgs(_Args):
     save_directory: str | None = Field(
         default=None,

@@ -155,6 +155,86 @@ class TraceReport(BaseModel):
     )
 
 
+# plan memory
+
+
+def gib(size: float) -> str:
+    """Bytes in GiB, or MiB below one GiB (so small figures do not read 0.00)."""
+    return f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
+
+
+class MemoryPlan(BaseModel):
+    """Where calibration keeps the weights and what it expects to need, from the config alone."""
+
+    path: Literal["classic", "model_free"] = Field(
+        description="classic: load the model and run oneshot; model_free: quantize shard by shard."
+    )
+    placement: Literal["gpu", "cpu", "disk", "shards"] = Field(
+        description="Where the weights live while calibrating: on the GPU, in CPU memory, read "
+        "from disk layer by layer, or one shard at a time (model_free)."
+    )
+    device: str = Field(description="Where each layer is computed: cuda or cpu.")
+    weight_bytes: int = Field(description="The model's weights as loaded.")
+    largest_layer_bytes: int = Field(description="The largest sequential layer's weights.")
+    state_bytes: int = Field(
+        description="The largest layer's calibration state (GPTQ Hessians: in_features^2 float32 "
+        "per module, every expert of an MoE layer at once)."
+    )
+    activation_bytes: int = Field(
+        description="Activations cached between layers: samples x tokens x hidden, in and out."
+    )
+    batch_bytes: int = Field(description="Working memory of one forward pass of one batch.")
+    largest_shard_bytes: int = Field(default=0, description="The largest safetensors shard.")
+    cpu_needed_bytes: int = Field(description="Planned peak CPU memory.")
+    cpu_available_bytes: int = Field(description="CPU memory the plan may use (cap or available).")
+    gpu_needed_bytes: int = Field(default=0, description="Planned peak GPU memory.")
+    gpu_available_bytes: int = Field(default=0, description="Free GPU memory; 0 without a GPU.")
+    batch_size: int
+    sequential_prefetch: bool
+    sequential_offload_device: str
+    moe_calibrate_all_experts: bool
+    offload_folder: str | None = Field(
+        default=None, description="Folder for weights offloaded to disk (placement disk)."
+    )
+    model_free_scheme: str | None = Field(
+        default=None, description="The scheme model_free_ptq applies (path model_free)."
+    )
+    model_free_ignore: list[str] = Field(
+        default_factory=list,
+        description="Modules model_free_ptq leaves alone: the recipe's ignore list and every 2-D "
+        "weight that is not a Linear's (embeddings), which it cannot tell apart by name.",
+    )
+    weights_in_memory_bytes: int = Field(
+        description="How much of the weights may stay in CPU memory; the rest is read from disk "
+        "module by module when used (placement disk and shards)."
+    )
+    notes: list[str] = Field(default_factory=list, description="Why the plan chose what it did.")
+
+    def summary(self) -> str:
+        human = gib
+        if self.path == "model_free":
+            return (
+                f"model_free path: {self.model_free_scheme} shard by shard on {self.device}, no "
+                f"model built: largest shard {human(self.largest_shard_bytes)}; CPU "
+                f"{human(self.cpu_needed_bytes)} of {human(self.cpu_available_bytes)}"
+            )
+        gpu = (
+            f", GPU {human(self.gpu_needed_bytes)} of {human(self.gpu_available_bytes)}"
+            if self.gpu_available_bytes
+            else ""
+        )
+        return (
+            f"{self.path} path, weights on {self.placement}, computed on {self.device}: "
+            f"weights {human(self.weight_bytes)}, largest layer {human(self.largest_layer_bytes)}, "
+            f"calibration state {human(self.state_bytes)}, cached activations "
+            f"{human(self.activation_bytes)}; CPU {human(self.cpu_needed_bytes)} of "
+            f"{human(self.cpu_available_bytes)}{gpu}; batch {self.batch_size}"
+        )
+
+    def log_to(self, tracker) -> None:
+        tracker.params("memory plan", self.model_dump(exclude={"notes"}))
+
+
 # calibrate
 
 

@@ -2,7 +2,8 @@
 
 Both run the same two steps, so they cannot drift: `resolve_inputs` (render the recipe, fetch
 the model, build the dataset: the cheap stages, in the order that fails fastest) and
-`check_before_calibration` (the output folder, disk space, traceability on the meta device).
+`check_before_calibration` (the output folder, disk space, the memory plan, traceability on the
+meta device).
 The flow runs them as Prefect tasks through `compressflow.stages.Stages` (cached, recorded) and
 puts its output lock and reuse check between the two; validate calls the stages' functions
 directly, without weights, and times each check.
@@ -17,12 +18,13 @@ from typing import Any
 
 from compressflow.disk_space import check_free_space
 from compressflow.manifest import check_target, output_path, run_key
-from compressflow.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
-from compressflow.results import BuiltDataset, FetchedModel, RenderedRecipe
+from compressflow.params import CalibrationArgs, DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
+from compressflow.results import BuiltDataset, FetchedModel, MemoryPlan, RenderedRecipe
 from compressflow.tasks.adapt_recipe import adapt_recipe
 from compressflow.tasks.build_dataset import build_dataset
 from compressflow.tasks.check_traceability import check_traceability
 from compressflow.tasks.fetch_model import fetch_model
+from compressflow.tasks.plan_memory import plan_memory
 from compressflow.tasks.render_recipe import render_recipe
 
 # run(stage, *args) -> the stage's result; a stage is a Prefect task or a plain check function.
@@ -46,6 +48,7 @@ def resolve_inputs(
     dataset: DatasetArgs,
     recipe: RecipeArgs,
     output: OutputArgs,
+    calibration: CalibrationArgs,
     weights: bool = True,
 ) -> Inputs:
     rendered = run(render_recipe, recipe)
@@ -57,7 +60,7 @@ def resolve_inputs(
         model=fetched,
         dataset=built,
         target=output_path(output, fetched, rendered),
-        key=run_key(fetched, built, rendered, recipe, output),
+        key=run_key(fetched, built, rendered, recipe, output, calibration),
     )
 
 
@@ -71,7 +74,22 @@ def check_output(inputs: Inputs, output: OutputArgs) -> Path:
 
 
 def check_before_calibration(
-    run: Runner, inputs: Inputs, recipe: RecipeArgs, output: OutputArgs
-) -> None:
+    run: Runner,
+    inputs: Inputs,
+    recipe: RecipeArgs,
+    output: OutputArgs,
+    calibration: CalibrationArgs,
+) -> MemoryPlan:
     run(check_output, inputs, output)
-    run(check_traceability, inputs.model, inputs.recipe, inputs.dataset, recipe)
+    plan = run(
+        plan_memory,
+        inputs.model,
+        inputs.recipe,
+        inputs.dataset,
+        recipe,
+        calibration,
+        str(inputs.target),
+    )
+    if plan.path == "classic":  # the model-free path builds no model: nothing to trace
+        run(check_traceability, inputs.model, inputs.recipe, inputs.dataset, recipe)
+    return plan

@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         params = deployment_parameters(options.prefect_yaml, options.deployment)
     else:
         params = yaml.safe_load(options.params.read_text()) or {}
-    unknown = set(params) - {"model", "dataset", "recipe", "output", "tracking"}
+    groups = {"model", "dataset", "recipe", "output", "calibration", "tracking", "verify"}
+    unknown = set(params) - groups
     if unknown or "model" not in params:
         print(
             f"error: parameters need a 'model' group; unknown groups: {sorted(unknown)}",
@@ -52,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     from compressflow.flows.validate import validate
 
     params.pop("tracking", None)  # nothing to check without a run
+    params.pop("verify", None)  # its thresholds apply to a calibrated model
     try:
         report = validate(**params)
     except (CompressflowError, ValidationError) as exc:

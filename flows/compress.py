@@ -23,6 +23,7 @@ from compressflow.manifest import (
     staging_path,
 )
 from compressflow.params import (
+    CalibrationArgs,
     DatasetArgs,
     ModelArgs,
     OutputArgs,
@@ -54,6 +55,7 @@ def compress(
     output: OutputArgs = OutputArgs(),
     tracking: TrackingArgs = TrackingArgs(),
     verify: VerifyArgs = VerifyArgs(),
+    calibration: CalibrationArgs = CalibrationArgs(),
 ) -> PublishedModel:
     """Compress `model` with `recipe`, calibrated on `dataset`, verify it, publish it to `output`."""
     inputs = {
@@ -62,6 +64,7 @@ def compress(
         "recipe": recipe.model_dump(),
         "output": output.model_dump(),
         "verify": verify.model_dump(),
+        "calibration": calibration.model_dump(),
     }
     with track_flow_run(
         tracking,
@@ -70,7 +73,7 @@ def compress(
         output.tags,
         inputs,
     ) as tracker:
-        published = run_stages(model, dataset, recipe, output, verify, inputs)
+        published = run_stages(model, dataset, recipe, output, verify, calibration, inputs)
         # Emitted for new and reused outputs alike: tasks/events.py says why.
         emit_published(published, model, output.auto_evaluate)
     if tracker.failures:
@@ -84,12 +87,13 @@ def run_stages(
     recipe: RecipeArgs,
     output: OutputArgs,
     verify_args: VerifyArgs,
+    calibration: CalibrationArgs,
     inputs: dict,
 ) -> PublishedModel:
     """The pipeline: cheap stages first, so mistakes fail before any weights load."""
     log = run_logger(__name__)
     stages = Stages()
-    resolved = resolve_inputs(stages.run, model, dataset, recipe, output)
+    resolved = resolve_inputs(stages.run, model, dataset, recipe, output, calibration)
     target = resolved.target
     # One writer per output: a second run waits here, then reuses what the first published
     # (same inputs) or is refused by check_output (another model).
@@ -98,27 +102,29 @@ def run_stages(
             log.info("Reusing %s: it was published from the same model, data and recipe", target)
             return existing.model_copy(update={"stages": stages.records})
         remove_stale_staging(target)
-        check_before_calibration(stages.run, resolved, recipe, output)
+        plan = check_before_calibration(stages.run, resolved, recipe, output, calibration)
 
         staging = staging_path(target)
         try:
-            calibration = stages.run(
+            calibrated = stages.run(
                 calibrate,
                 resolved.model,
                 resolved.dataset,
                 resolved.recipe,
                 recipe,
+                plan,
                 str(staging),
                 verify_args,
                 output.save_compressed,
                 dataset.data_collator,
             )
             verification = stages.run(
-                verify, calibration, resolved.model, resolved.recipe, verify_args, str(target)
+                verify, calibrated, resolved.model, resolved.recipe, plan, verify_args, str(target)
             )
             published = stages.run(
                 publish,
-                calibration,
+                calibrated,
+                plan,
                 verification,
                 resolved.model,
                 resolved.dataset,
@@ -133,4 +139,6 @@ def run_stages(
             # Gone already when publishing succeeded; the reference logits are never published.
             shutil.rmtree(staging, ignore_errors=True)
             reference_path(staging).unlink(missing_ok=True)
+            if plan.offload_folder and not calibration.offload_folder:  # ours, not the user's
+                shutil.rmtree(plan.offload_folder, ignore_errors=True)
     return published.model_copy(update={"stages": stages.records})

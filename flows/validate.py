@@ -3,7 +3,7 @@
 Run it on a deployment's parameters before scheduling it. It runs the flow's own check sequence
 (`flows/checks.py`): renders the recipe, resolves the model (config and tokenizer only: hub
 weights are not downloaded), builds the calibration dataset, checks the output folder and traces
-the model on the meta device. The first problem raises the same error the flow would, naming
+the model on the meta device, and plans calibration's memory on this machine. The first problem raises the same error the flow would, naming
 the field and the fix.
 
 From the shell: `compressflow validate params.yaml` or `compressflow validate --deployment NAME`.
@@ -16,12 +16,13 @@ from typing import Any
 
 from compressflow.flows.checks import check_before_calibration, check_output, resolve_inputs
 from compressflow.manifest import find_published
-from compressflow.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
+from compressflow.params import CalibrationArgs, DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
 from compressflow.results import Check, ValidationReport
 from compressflow.tasks.adapt_recipe import adapt_recipe
 from compressflow.tasks.build_dataset import build_dataset
 from compressflow.tasks.check_traceability import check_traceability
 from compressflow.tasks.fetch_model import fetch_model
+from compressflow.tasks.plan_memory import plan_memory
 from compressflow.tasks.render_recipe import render_recipe
 
 # What each check's row says about its result.
@@ -39,6 +40,7 @@ DESCRIBE = {
         ),
     ),
     check_output: ("output", str),
+    plan_memory: ("memory", lambda plan: plan.summary()),
     check_traceability: (
         "traceability",
         lambda t: f"{t.subgraphs} subgraphs" if t.checked else f"skipped: {t.reason}",
@@ -66,16 +68,18 @@ def validate(
     dataset: DatasetArgs | dict[str, Any] | None = None,
     recipe: RecipeArgs | dict[str, Any] | None = None,
     output: OutputArgs | dict[str, Any] | None = None,
+    calibration: CalibrationArgs | dict[str, Any] | None = None,
 ) -> ValidationReport:
     """Run the flow's pre-calibration checks; raise the first problem, or report what passed."""
     model = ModelArgs.model_validate(model)
     dataset = DatasetArgs.model_validate(dataset or {})
     recipe = RecipeArgs.model_validate(recipe or {})
     output = OutputArgs.model_validate(output or {})
+    calibration = CalibrationArgs.model_validate(calibration or {})
 
     timed = _TimedChecks()
-    inputs = resolve_inputs(timed.run, model, dataset, recipe, output, weights=False)
-    check_before_calibration(timed.run, inputs, recipe, output)
+    inputs = resolve_inputs(timed.run, model, dataset, recipe, output, calibration, weights=False)
+    check_before_calibration(timed.run, inputs, recipe, output, calibration)
     return ValidationReport(
         checks=timed.checks,
         output_path=str(inputs.target),

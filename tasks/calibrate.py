@@ -42,8 +42,10 @@ from compressflow.results import (
     BuiltDataset,
     Calibration,
     FetchedModel,
+    MemoryPlan,
     ModuleMetric,
     RenderedRecipe,
+    gib,
 )
 from compressflow.text_sources import load_processor
 from compressflow.tracing import restored_torch_functions
@@ -125,6 +127,86 @@ def copy_preprocessing_files(source: Path, staging: Path) -> None:
                 shutil.copy2(file, staging / file.name)
 
 
+def load_for_calibration(model: FetchedModel, plan: MemoryPlan):
+    """The base model where the plan keeps its weights: CPU memory, or read from disk by layer.
+
+    For disk, compressed-tensors' offloading loads what fits under the plan's weight budget into
+    CPU memory and leaves the rest in the checkpoint's safetensors files, which each layer is
+    read from when the sequential pipeline reaches it.
+    """
+    import transformers
+
+    model_cls = getattr(transformers, model.model_class)
+    options = dict(dtype="auto", trust_remote_code=model.trust_remote_code)
+    if plan.placement not in ("disk", "shards"):
+        return model_cls.from_pretrained(model.path, **options)
+    from compressed_tensors.offload import load_offloaded_model
+
+    Path(plan.offload_folder).mkdir(parents=True, exist_ok=True)
+    budget = plan.weights_in_memory_bytes
+    run_logger(__name__).info(
+        "Loading %s with %s of its weights in memory, the rest read from disk when used",
+        model.model_id,
+        gib(budget),
+    )
+    with load_offloaded_model(model_cls):
+        return model_cls.from_pretrained(
+            model.path,
+            device_map="auto_offload",
+            max_memory={"cpu": budget},
+            offload_folder=plan.offload_folder,
+            **options,
+        )
+
+
+def calibrate_model_free(
+    model: FetchedModel, plan: MemoryPlan, staging_path: str, verify: VerifyArgs
+) -> Calibration:
+    """Quantize the checkpoint shard by shard with llm-compressor's model_free_ptq.
+
+    The base model's reference logits are captured first with every weight read from disk
+    when used, so the run never holds more than a shard and a module in memory.
+    """
+    from llmcompressor import model_free_ptq
+
+    log = run_logger(__name__)
+    staging = Path(staging_path)
+    started = time.perf_counter()
+    base = load_for_calibration(model, plan)
+    reference = capture_reference(base, load_processor(model), verify, staging)
+    del base
+    gc.collect()
+    reference_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    log.info(
+        "Quantizing %s to %s shard by shard (no model built)",
+        model.model_id,
+        plan.model_free_scheme,
+    )
+    with disk_full_is_clear(staging):
+        model_free_ptq(
+            model.path,
+            staging,
+            scheme=plan.model_free_scheme,
+            ignore=plan.model_free_ignore,
+            device=plan.device,
+        )
+        copy_preprocessing_files(Path(model.path), staging)
+    seconds = time.perf_counter() - started
+    result = Calibration(
+        staging_path=str(staging),
+        seconds=seconds,
+        peak_rss_mb=peak_rss_mb(),
+        checkpoint_bytes=folder_size(staging),
+        reference_seconds=round(reference_seconds, 3),
+        reference_path=str(reference),
+    )
+    log.info("Quantized in %.1f s; peak RSS %.0f MB", seconds, result.peak_rss_mb)
+    tracking.current().single("calibration seconds", seconds)
+    tracking.current().single("peak RSS MB", result.peak_rss_mb)
+    return result
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
@@ -135,28 +217,28 @@ def calibrate(
     dataset: BuiltDataset | None,
     recipe: RenderedRecipe,
     args: RecipeArgs,
+    plan: MemoryPlan,
     staging_path: str,
     verify: VerifyArgs,
     save_compressed: bool = True,
     data_collator: str | None = None,
 ) -> Calibration:
-    """Load the model, run oneshot with the rendered recipe, save the result to `staging_path`.
+    """Load the model as `plan` says, run oneshot with the recipe, save it to `staging_path`.
 
     Before oneshot changes the model, its logits on the verification texts are saved beside
     the staging folder, so the verify stage compares against the base without loading it again.
+    A model-free plan quantizes the checkpoint shard by shard instead (`calibrate_model_free`).
     """
+    if plan.path == "model_free":
+        return calibrate_model_free(model, plan, staging_path, verify)
     import torch
-    import transformers
     from datasets import load_from_disk
     from llmcompressor import oneshot
     from llmcompressor.core import reset_session
     from loguru import logger as loguru_logger
 
     log = run_logger(__name__)
-    model_cls = getattr(transformers, model.model_class)
-    loaded = model_cls.from_pretrained(
-        model.path, dtype="auto", trust_remote_code=model.trust_remote_code
-    )
+    loaded = load_for_calibration(model, plan)
     processor = load_processor(model)
     started = time.perf_counter()
     reference = capture_reference(loaded, processor, verify, Path(staging_path))
@@ -179,6 +261,13 @@ def calibrate(
     if data_collator:
         user_collator = import_callable(data_collator, "dataset.data_collator", call_with=([],))
         kwargs["data_collator"] = user_collator
+    if dataset is not None:
+        kwargs.update(
+            batch_size=plan.batch_size,
+            sequential_prefetch=plan.sequential_prefetch,
+            sequential_offload_device=plan.sequential_offload_device,
+            moe_calibrate_all_experts=plan.moe_calibrate_all_experts,
+        )
     if args.pipeline:
         kwargs["pipeline"] = args.pipeline
     if targets := args.sequential_targets or recipe.sequential_targets:

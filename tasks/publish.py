@@ -34,6 +34,7 @@ from compressflow.results import (
     BuiltDataset,
     Calibration,
     FetchedModel,
+    MemoryPlan,
     PublishedModel,
     RenderedRecipe,
     StageRecord,
@@ -75,6 +76,7 @@ def summary_markdown(published: PublishedModel, manifest: Manifest) -> str:
 @task(name="publish", cache_policy=NO_CACHE)
 def publish(
     calibration: Calibration,
+    plan: MemoryPlan,
     verification: Verification,
     model: FetchedModel,
     dataset: BuiltDataset | None,
@@ -110,6 +112,7 @@ def publish(
         modules=calibration.modules,
         tags=output.tags,
         verification=verification,
+        memory_plan=plan,
     )
     with disk_full_is_clear(staging):
         (staging / "recipe.yaml").write_text(recipe.yaml)

@@ -12,6 +12,10 @@ It reloads the checkpoint from disk the way a server does and checks, cheapest f
 4. logits: on held-out texts its next-token logits agree with the base model's, captured before
    calibration (cosine, KL, top-1 against `verify` thresholds).
 
+A model-free run is also checked weight by weight (5. weights: every quantized weight, dequantized,
+is close to the source's), one shard at a time. A run whose weights were read from disk (and every
+model-free run) reloads the same way, so verifying needs no more memory than calibrating.
+
 A failure raises VerificationError naming the check, the numbers and the fix; the flow then
 publishes nothing. Either way the results go to the log, ClearML and a Prefect artifact.
 """
@@ -37,6 +41,7 @@ from compressflow.quality import compare_logits, logits_of
 from compressflow.results import (
     Calibration,
     FetchedModel,
+    MemoryPlan,
     RenderedRecipe,
     Verification,
     VerificationCheck,
@@ -48,7 +53,11 @@ FIELDS = {
     "tensor names": "model.model_id",
     "reload": "recipe.recipe",
     "logits": "verify",
+    "weights": "calibration.path",
 }
+# FP8 (e4m3) keeps 3 mantissa bits: rounding moves a weight by at most ~6%, and a tensor's
+# relative error stays far below that; a wrong scale or layout lands near or above 100%.
+MAX_WEIGHT_ERROR = 0.1
 FIXES = {
     "quantization config": "the quantized modules were saved unpacked (often a Linear subclass "
     "compressed-tensors does not recognise); report the architecture, and meanwhile use a recipe "
@@ -61,6 +70,8 @@ FIXES = {
     "layers with the largest error unquantized (recipe ignore; the manifest lists errors per "
     "module), use more calibration samples or a scheme with more bits, or, if the loss is "
     "acceptable, relax verify.min_cosine / verify.max_kl / verify.min_top1",
+    "weights": "the model-free path wrote weights that do not dequantize to the source's: set "
+    "calibration.path to classic, and report the model and scheme",
 }
 
 
@@ -140,18 +151,31 @@ def check_names(staging: Path, source: Path) -> VerificationCheck:
     )
 
 
-def reload(staging: Path, model: FetchedModel):
+def reload(staging: Path, model: FetchedModel, plan: MemoryPlan):
     """The checkpoint as transformers loads it, and a check on what it reported."""
     import transformers
 
     patch_reloads()
+    offload = {}
+    if plan.placement in ("disk", "shards"):  # what does not fit under the budget stays on disk
+        offload = dict(
+            device_map="auto",
+            max_memory={"cpu": plan.weights_in_memory_bytes},
+            offload_folder=plan.offload_folder,
+            offload_buffers=True,
+        )
     try:
         loaded, info = getattr(transformers, model.model_class).from_pretrained(
             staging,
             dtype="auto",
             trust_remote_code=model.trust_remote_code,
             output_loading_info=True,
+            **offload,
         )
+        if offload:  # accelerate's hooks -> compressed-tensors' offloading, as calibrate loads
+            from compressed_tensors.offload.convert import from_accelerate
+
+            from_accelerate(loaded)
     except Exception as exc:  # whatever transformers raises, the checkpoint does not reload
         detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return None, VerificationCheck(name="reload", passed=False, detail=detail)
@@ -166,6 +190,61 @@ def reload(staging: Path, model: FetchedModel):
         detail="; ".join(problems) or f"{type(loaded).__name__}, no missing or unexpected keys",
     )
     return loaded.eval(), check
+
+
+def dequantized(handle, module: str, keys: set[str]):
+    """`module`'s weight as float32 from a compressed-tensors FP8 shard; None for other formats."""
+    import torch
+
+    if f"{module}.weight_scale" not in keys:
+        return None
+    weight = handle.get_tensor(f"{module}.weight")
+    if weight.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return None
+    scale = handle.get_tensor(f"{module}.weight_scale").float()
+    if scale.dim() == 2 and scale.shape[1] not in (1, weight.shape[1]):  # blocks of rows x cols
+        rows, cols = -(-weight.shape[0] // scale.shape[0]), -(-weight.shape[1] // scale.shape[1])
+        scale = scale.repeat_interleave(rows, 0)[: weight.shape[0]]
+        scale = scale.repeat_interleave(cols, 1)[:, : weight.shape[1]]
+    return weight.float() * scale
+
+
+def check_weights(staging: Path, source: Path) -> VerificationCheck:
+    """Every FP8 weight, dequantized, against the source's, one shard at a time."""
+    from safetensors import safe_open
+
+    where = {}
+    for file in sorted(source.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            where.update(dict.fromkeys(handle.keys(), file))
+    worst, worst_name, checked, unchecked = 0.0, "", 0, 0
+    for file in sorted(staging.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            keys = set(handle.keys())
+            for scale in sorted(k for k in keys if k.endswith(".weight_scale")):
+                module = scale.rsplit(".", 1)[0]
+                weight = dequantized(handle, module, keys)
+                if weight is None or f"{module}.weight" not in where:
+                    unchecked += 1
+                    continue
+                with safe_open(str(where[f"{module}.weight"]), framework="pt") as original:
+                    expected = original.get_tensor(f"{module}.weight").float()
+                error = ((weight - expected).norm() / expected.norm().clamp_min(1e-12)).item()
+                checked += 1
+                if not error <= worst:  # NaN counts as worst
+                    worst, worst_name = error, module
+    passed = checked > 0 and worst <= MAX_WEIGHT_ERROR
+    detail = (
+        f"{checked} weights dequantized, largest relative error {worst:.2%} "
+        f"({worst_name or 'none'}; max {MAX_WEIGHT_ERROR:.0%})"
+    )
+    if unchecked:
+        detail += f"; {unchecked} not in an FP8 format this check reads"
+    if not checked:
+        detail = "no FP8 weight to check" + (
+            f" ({unchecked} in other formats)" if unchecked else ""
+        )
+    return VerificationCheck(name="weights", passed=passed, detail=detail)
 
 
 def check_logits(loaded, reference_path: Path, args: VerifyArgs) -> tuple[VerificationCheck, dict]:
@@ -202,6 +281,7 @@ def verify(
     calibration: Calibration,
     model: FetchedModel,
     recipe: RenderedRecipe,
+    plan: MemoryPlan,
     args: VerifyArgs,
     target: str,
 ) -> Verification:
@@ -209,8 +289,10 @@ def verify(
     started = time.perf_counter()
     staging = Path(calibration.staging_path)
     checks = [check_quantization_config(staging, recipe), check_names(staging, Path(model.path))]
+    if plan.path == "model_free":
+        checks.append(check_weights(staging, Path(model.path)))
     figures: dict[str, float] = {}
-    loaded, reload_check = reload(staging, model)
+    loaded, reload_check = reload(staging, model, plan)
     checks.append(reload_check)
     if calibration.reference_path and loaded is not None:
         logits_check, figures = check_logits(loaded, Path(calibration.reference_path), args)

@@ -1,5 +1,6 @@
 """Reload a published checkpoint in a fresh process, as a server would, and compare it with
-its base model; prints one JSON line. Run by tests/test_architectures.py:
+its base model; prints one JSON line. Tests call `assert_published_model_matches_base`, which
+runs it:
 
     python tests/reload_check.py PUBLISHED BASE MODEL_CLASS
 
@@ -10,7 +11,9 @@ modules, registries) can make a reload there behave differently.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+from pathlib import Path
 
 import torch
 import transformers
@@ -44,6 +47,21 @@ def main(published: str, base: str, class_name: str) -> dict:
         .item(),
         "top1": torch.cat([b.argmax(-1) == n.argmax(-1) for b, n in pairs]).float().mean().item(),
     }
+
+
+def assert_published_model_matches_base(published: Path, base: Path, cls_name: str) -> None:
+    """Reload what was published in a fresh process and compare it with the base model."""
+    done = subprocess.run(
+        [sys.executable, __file__, str(published), str(base), cls_name],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not result["load_problems"], result
+    assert result["format"] != "dense", result
+    assert result["cosine"] > 0.9 and result["top1"] > 0.35, result
 
 
 if __name__ == "__main__":

@@ -8,14 +8,13 @@ an error that names the field and the fix. No cell may publish a broken model.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from datasets import Dataset
 from PIL import Image
+from reload_check import assert_published_model_matches_base
 
 from compressflow.demo.zoo import VISION_BUILDERS, ZOO, build_tiny, model_class
 from compressflow.errors import CompressflowError
@@ -43,22 +42,6 @@ REFUSALS: dict[tuple[str, str], list[str]] = {
 @pytest.fixture(scope="session")
 def zoo_root(test_root) -> Path:
     return test_root / "zoo"
-
-
-def assert_published_model_matches_base(published: Path, base: Path, cls_name: str) -> None:
-    """Reload what was published in a fresh process and compare it with the base model."""
-    script = Path(__file__).with_name("reload_check.py")
-    done = subprocess.run(
-        [sys.executable, str(script), str(published), str(base), cls_name],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert not result["load_problems"], result
-    assert result["format"] != "dense", result
-    assert result["cosine"] > 0.9 and result["top1"] > 0.35, result
 
 
 @pytest.mark.parametrize("preset", PRESETS)

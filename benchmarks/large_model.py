@@ -1,0 +1,215 @@
+"""Benchmark: memory on a model bigger than a toy, through the flow and through bare scripts.
+
+A random-weight Llama of about 4 GB (float32, 20 layers, 2048 wide) saved in ~300 MB shards, and
+four runs, each a whole separate process (peak RSS is the process's own, from `os.wait4`):
+
+- bare FP8:    a user's script: from_pretrained, `oneshot` with FP8_DYNAMIC, save_pretrained;
+- flow FP8:    the compress-model flow with the FP8_DYNAMIC preset: the memory plan sends it down
+               the model-free path (shard by shard), and verify's logits check reads every weight
+               from disk, so the run never holds the model;
+- bare GPTQ:   a user's script with the W4A16 preset's GPTQ recipe, llm-compressor's defaults;
+- flow GPTQ:   the flow with W4A16 and `calibration.max_cpu_memory_gb` below the model's size:
+               the plan reads the weights from disk layer by layer.
+
+    python -m benchmarks.large_model [--layers 20] [--cap-gb 2.2] [--skip-bare-gptq]
+
+Targets: flow FP8 / bare FP8 peak RSS <= 0.5; flow GPTQ peak RSS <= 0.6 x the model's bytes.
+Exits 1 when one is missed. The model and data are built once under --work (default
+/tmp/compressflow-bench-large) and reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.common import long_texts, print_result, run_child, write_jsonl
+
+TARGET_FP8_RSS_RATIO = 0.5
+TARGET_GPTQ_RSS_OF_MODEL = 0.6
+MODULE = "benchmarks.large_model"
+SAMPLES, MAX_SEQ_LEN = 16, 256
+
+
+def build_model(path: Path, layers: int) -> Path:
+    """A random float32 Llama in several shards, with the demo's trained tokenizer."""
+    marker = path / "bench_layers.json"
+    if marker.exists() and json.loads(marker.read_text()) == layers:
+        return path
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from compressflow.demo.assets import build_tokenizer
+
+    tokenizer = build_tokenizer(4096)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=layers,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    with torch.device("cpu"):
+        model = LlamaForCausalLM(config).to(torch.float32)
+    model.save_pretrained(path, max_shard_size="300MB")
+    tokenizer.save_pretrained(path)
+    marker.write_text(json.dumps(layers))
+    return path
+
+
+GPTQ_RECIPE = """
+quant_stage:
+  quant_modifiers:
+    GPTQModifier: {targets: Linear, scheme: W4A16, ignore: [lm_head]}
+"""
+FP8_RECIPE = """
+quant_stage:
+  quant_modifiers:
+    QuantizationModifier: {targets: Linear, scheme: FP8_DYNAMIC, ignore: [lm_head]}
+"""
+
+
+def bare_child(args) -> None:
+    from llmcompressor import oneshot
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype="auto")
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    kwargs = {}
+    if args.scheme == "gptq":
+        from datasets import load_dataset
+
+        dataset = load_dataset("json", data_files=args.data, split="train")
+        kwargs = dict(
+            dataset=dataset.map(
+                lambda b: tokenizer(b["text"], max_length=MAX_SEQ_LEN, truncation=True),
+                batched=True,
+                remove_columns=dataset.column_names,
+            ),
+            num_calibration_samples=SAMPLES,
+            max_seq_length=MAX_SEQ_LEN,
+        )
+    recipe = GPTQ_RECIPE if args.scheme == "gptq" else FP8_RECIPE
+    oneshot(model=model, processor=tokenizer, recipe=recipe, **kwargs)
+    model.save_pretrained(args.out, save_compressed=True)
+    tokenizer.save_pretrained(args.out)
+    print_result({})
+
+
+def flow_child(args) -> None:
+    from compressflow.flows.compress import compress
+    from compressflow.params import (
+        CalibrationArgs,
+        DatasetArgs,
+        ModelArgs,
+        OutputArgs,
+        RecipeArgs,
+    )
+
+    published = compress(
+        model=ModelArgs(model_id=args.model),
+        dataset=DatasetArgs(dataset_name=args.data, text_samples=SAMPLES, max_seq_len=MAX_SEQ_LEN),
+        recipe=RecipeArgs(recipe="W4A16" if args.scheme == "gptq" else "FP8_DYNAMIC"),
+        output=OutputArgs(save_directory=args.out),
+        calibration=CalibrationArgs(max_cpu_memory_gb=args.cap_gb),
+    )
+    manifest = json.loads((Path(published.path) / "manifest.json").read_text())
+    print_result(
+        {
+            "plan": manifest["memory_plan"]["placement"],
+            "verified": manifest["verification"]["passed"],
+            "checks": {c["name"]: c["detail"] for c in manifest["verification"]["checks"]},
+        }
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, default=Path("/tmp/compressflow-bench-large"))
+    parser.add_argument("--layers", type=int, default=20)
+    parser.add_argument("--cap-gb", type=float, default=2.2)
+    parser.add_argument("--skip-bare-gptq", action="store_true")
+    parser.add_argument("--child", choices=["bare", "flow"])
+    parser.add_argument("--scheme", choices=["fp8", "gptq"])
+    parser.add_argument("--model")
+    parser.add_argument("--data")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    if args.child:
+        (bare_child if args.child == "bare" else flow_child)(args)
+        return 0
+
+    model = build_model(args.work / "model", args.layers)
+    model_bytes = sum(f.stat().st_size for f in model.glob("*.safetensors"))
+    shards = len(list(model.glob("*.safetensors")))
+    from transformers import AutoTokenizer
+
+    data = write_jsonl(
+        args.work / "data.jsonl",
+        long_texts(AutoTokenizer.from_pretrained(model), SAMPLES, MAX_SEQ_LEN),
+    )
+    print(f"model: {model_bytes / 1e9:.2f} GB in {shards} shards ({args.layers} layers, float32)")
+    runs = [("bare", "fp8"), ("flow", "fp8"), ("flow", "gptq")]
+    if not args.skip_bare_gptq:
+        runs.insert(2, ("bare", "gptq"))
+    results = {}
+    for child, scheme in runs:
+        home = args.work / f"run-{child}-{scheme}"
+        shutil.rmtree(home, ignore_errors=True)
+        env = dict(
+            os.environ,
+            PREFECT_HOME=str(home / "prefect"),
+            PREFECT_LOGGING_TO_API_ENABLED="false",
+            CLEARML_OFFLINE_MODE="1",
+            CLEARML_CACHE_DIR=str(home / "clearml"),
+            COMPRESSFLOW_CACHE_DIR=str(home / "cache"),
+            HF_HUB_OFFLINE="1",
+            TOKENIZERS_PARALLELISM="false",
+        )
+        command = [
+            MODULE,
+            f"--child={child}",
+            f"--scheme={scheme}",
+            f"--model={model}",
+            f"--data={data}",
+            f"--out={home / 'out'}",
+            f"--cap-gb={args.cap_gb if scheme == 'gptq' else 0}",
+        ]
+        started = time.perf_counter()
+        run = run_child(command, env, home / "log.txt")
+        results[(child, scheme)] = run
+        extra = f" {json.dumps(run.result)}" if run.result else ""
+        print(
+            f"{child} {scheme}: wall {run.wall_s:.0f} s, cpu {run.cpu_s:.0f} s, peak RSS "
+            f"{run.peak_rss_mb:.0f} MB ({time.perf_counter() - started:.0f} s){extra}",
+            flush=True,
+        )
+        shutil.rmtree(home / "out", ignore_errors=True)
+
+    fp8 = results["flow", "fp8"].peak_rss_mb / results["bare", "fp8"].peak_rss_mb
+    gptq = results["flow", "gptq"].peak_rss_mb * 2**20 / model_bytes
+    print(f"flow FP8 / bare FP8 peak RSS: {fp8:.2f} (target <= {TARGET_FP8_RSS_RATIO})")
+    print(
+        f"flow GPTQ (cap {args.cap_gb} GiB) peak RSS / model bytes: {gptq:.2f} "
+        f"(target <= {TARGET_GPTQ_RSS_OF_MODEL})"
+    )
+    if ("bare", "gptq") in results:
+        wall = results["flow", "gptq"].wall_s / results["bare", "gptq"].wall_s
+        rss = results["flow", "gptq"].peak_rss_mb / results["bare", "gptq"].peak_rss_mb
+        print(f"flow GPTQ (disk) / bare GPTQ (in memory): wall {wall:.2f}, peak RSS {rss:.2f}")
+    return 0 if fp8 <= TARGET_FP8_RSS_RATIO and gptq <= TARGET_GPTQ_RSS_OF_MODEL else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,396 @@
+"""The memory plan: where calibration keeps the weights, decided from the config before any load.
+
+Out-of-memory failures hours into a run are what large-model users meet most. Everything that
+decides the peak is known before the weights load: the weights' bytes (the checkpoint on disk),
+the largest sequential layer and its calibration state (GPTQ keeps an in_features^2 float32
+Hessian per module, for every expert of an MoE layer at once), the activations the sequential
+pipeline caches between layers (every sample's tokens x hidden, in and out) and one batch's
+forward pass. Against what the worker has (free CPU memory or the user's cap, free GPU memory) the
+plan picks, in order of speed:
+
+- `model_free`: a data-free scheme quantized shard by shard by llm-compressor's `model_free_ptq`,
+  without building the model: about one shard in memory, whatever the model's size (verify then
+  runs the base and the compressed model for its logits check with every weight read from disk);
+- `gpu`/`cpu`: weights in CPU memory, each layer computed on the GPU when there is one;
+- `disk`: weights read from the checkpoint layer by layer (compressed-tensors' disk offload), so
+  only a layer, its state and the cached activations need memory.
+
+What fits nowhere is refused with the numbers and what to change. Estimates err high: a plan
+that says it fits should not meet an out-of-memory error.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from compressflow.errors import ResourceError
+from compressflow.params import CalibrationArgs
+from compressflow.results import BuiltDataset, FetchedModel, MemoryPlan, RenderedRecipe, gib
+
+GIB = 2**30
+# The interpreter, torch, transformers, datasets and the tokenizer, measured at ~1.1 GiB RSS
+# before any weights load; the rest is headroom for allocator fragmentation.
+CPU_RESERVE = int(1.5 * GIB)
+GPU_RESERVE = int(1.0 * GIB)  # CUDA context and kernels
+AUTO_BATCH_SIZES = (16, 8, 4, 2, 1)
+HESSIAN_MODIFIERS = {"GPTQModifier", "SparseGPTModifier"}
+# model_free_ptq reads a shard, quantizes it tensor by tensor and writes it: the shard, its
+# quantized copy and one tensor's float32 working copy.
+SHARD_FACTOR = 3
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the plan needs from the model's config, read on the meta device."""
+
+    parameters: int
+    hidden: int
+    intermediate: int
+    heads: int
+    largest_layer: int  # parameters of the largest sequential layer
+    largest_state: int  # Hessian elements of that layer (float32)
+    largest_module: int  # the largest weight's elements (GPTQ works on a float32 copy)
+    quantizable: frozenset[str]  # modules whose 2-D weight is an nn.Linear's
+    not_linear: frozenset[str]  # modules with a 2-D weight that is not (embeddings, ...)
+
+
+def text_config(config):
+    return getattr(config, "text_config", None) or config
+
+
+def model_shape(meta, config, layer_classes: list[str]) -> Shape:
+    """Sizes from a model built on the meta device (see compressflow.tracing.meta_model)."""
+    import torch
+
+    text = text_config(config)
+    hidden = getattr(text, "hidden_size", 0) or 0
+    layers = [m for m in meta.modules() if type(m).__name__ in layer_classes] or [meta]
+
+    def state(layer) -> int:
+        elements = 0
+        for module in layer.modules():
+            if isinstance(module, torch.nn.Linear):
+                elements += module.in_features**2
+        for name, param in layer.named_parameters():
+            if param.dim() == 3:  # fused experts (experts, out, in): one Hessian per expert
+                per_expert = 2 if "gate_up" in name else 1
+                elements += param.shape[0] * param.shape[-1] ** 2 * per_expert
+        return elements
+
+    largest = max(layers, key=lambda layer: sum(p.numel() for p in layer.parameters()))
+    linear = {name for name, m in meta.named_modules() if isinstance(m, torch.nn.Linear)}
+    two_d = {
+        name.rsplit(".", 1)[0]
+        for name, p in meta.named_parameters()
+        if p.dim() == 2 and name.endswith(".weight")
+    }
+    return Shape(
+        parameters=sum(p.numel() for p in meta.parameters()),
+        hidden=hidden,
+        intermediate=getattr(text, "intermediate_size", 0) or 4 * hidden,
+        heads=getattr(text, "num_attention_heads", 0) or 1,
+        largest_layer=sum(p.numel() for p in largest.parameters()),
+        largest_state=max(state(layer) for layer in layers),
+        largest_module=max((p.numel() for p in meta.parameters()), default=0),
+        quantizable=frozenset(linear),
+        not_linear=frozenset(two_d - linear),
+    )
+
+
+def available_cpu_bytes() -> int:
+    """MemAvailable, lowered to the cgroup's limit when the worker runs in a container."""
+    available = 0
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+        if limit != "max":
+            available = min(available, int(limit) - used)
+    except (OSError, ValueError):  # no cgroup v2 memory controller: MemAvailable stands
+        pass
+    return available
+
+
+def available_gpu_bytes() -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0
+    return torch.cuda.mem_get_info()[0]
+
+
+def model_free_spec(recipe: RenderedRecipe) -> tuple[str | None, list[str], str]:
+    """(scheme, ignore, why-not): a scheme only when model_free_ptq can run this recipe as is.
+
+    That is one QuantizationModifier with a preset scheme whose activations are dynamic (nothing
+    to calibrate) and no KV-cache scheme; anything else needs the model built.
+    """
+    if recipe.needs_data:
+        return None, [], "the recipe calibrates on data"
+    modifiers = []
+    for stage in (yaml.safe_load(recipe.yaml) or {}).values():
+        for group in (stage or {}).values():
+            if isinstance(group, dict):
+                modifiers.extend(group.items())
+    if len(modifiers) != 1 or modifiers[0][0] != "QuantizationModifier":
+        return None, [], "model_free runs a single QuantizationModifier only"
+    options = modifiers[0][1] or {}
+    scheme = options.get("scheme")
+    if (
+        not isinstance(scheme, str)
+        or options.get("config_groups")
+        or options.get("kv_cache_scheme")
+    ):
+        return None, [], "model_free needs a preset scheme name and no KV-cache scheme"
+    targets = options.get("targets", ["Linear"])
+    if targets not in ("Linear", ["Linear"]):
+        return None, [], "model_free matches Linear targets only"
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    try:
+        preset = preset_name_to_scheme(scheme, [])
+    except (KeyError, ValueError):
+        return None, [], f"{scheme} is not a preset scheme"
+    if preset.input_activations is not None and not preset.input_activations.dynamic:
+        return None, [], f"{scheme} calibrates activations"
+    ignore = options.get("ignore") or []
+    return scheme, [ignore] if isinstance(ignore, str) else list(ignore), ""
+
+
+def checkpoint_modules(folder: Path) -> tuple[set[str], int]:
+    """Modules with a 2-D weight in the safetensors headers, and the largest shard's bytes."""
+    from safetensors import safe_open
+
+    modules: set[str] = set()
+    largest = 0
+    for file in sorted(folder.glob("*.safetensors")):
+        largest = max(largest, file.stat().st_size)
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():
+                if name.endswith(".weight") and len(handle.get_slice(name).get_shape()) == 2:
+                    modules.add(name.rsplit(".", 1)[0])
+    return modules, largest
+
+
+def model_free_ignore(folder: Path, shape: Shape, ignore: list[str]) -> tuple[list[str], str]:
+    """The ignore list model_free_ptq needs, or why the checkpoint's names rule it out.
+
+    model_free_ptq quantizes every 2-D `.weight` it is not told to ignore, embeddings included:
+    it sees names, not classes. The meta model knows the classes; it can only vouch for names it
+    has, so a checkpoint saved under other names (a vision-language model, fused experts) is not
+    sent down this path.
+    """
+    saved, _ = checkpoint_modules(folder)
+    unknown = saved - shape.quantizable - shape.not_linear
+    if unknown:
+        return [], f"checkpoint names differ from the model's, e.g. {sorted(unknown)[0]}"
+    return sorted(set(ignore) | (saved & shape.not_linear)), ""
+
+
+def weight_bytes(model: FetchedModel, config, parameters: int) -> tuple[int, float]:
+    """Bytes of the weights as loaded, and bytes per parameter.
+
+    The checkpoint's size when its weights are here; from the config's dtype when they are not
+    (validation fetches a hub model without its weights).
+    """
+    folder = Path(model.path)
+    if any(folder.glob("*.safetensors")) or any(folder.glob("*.bin")):
+        return model.size_bytes, model.size_bytes / max(parameters, 1)
+    dtype = str(getattr(text_config(config), "dtype", None) or getattr(config, "dtype", "bfloat16"))
+    per = DTYPE_BYTES.get(dtype.replace("torch.", ""), 2)
+    return parameters * per, per
+
+
+def make_plan(
+    model: FetchedModel,
+    recipe: RenderedRecipe,
+    dataset: BuiltDataset | None,
+    args: CalibrationArgs,
+    shape: Shape,
+    config,
+    target: Path,
+    cpu_available: int,
+    gpu_available: int,
+) -> MemoryPlan:
+    """The plan for this run on this worker; ResourceError when it fits nowhere."""
+    notes: list[str] = []
+    weights, per_param = weight_bytes(model, config, shape.parameters)
+    act = max(per_param, 2)  # activations in the model's dtype (float32 models: 4)
+    if args.max_cpu_memory_gb:
+        cap = int(args.max_cpu_memory_gb * GIB)
+        if cap > cpu_available:
+            notes.append(f"cap {gib(cap)} is above what the worker has free ({gib(cpu_available)})")
+        cpu_budget = min(cap, cpu_available)
+    else:
+        cpu_budget = cpu_available
+    common = dict(
+        weight_bytes=weights,
+        largest_layer_bytes=int(shape.largest_layer * per_param),
+        cpu_available_bytes=cpu_budget,
+        gpu_available_bytes=gpu_available,
+        sequential_offload_device=args.sequential_offload_device,
+        moe_calibrate_all_experts=args.moe_calibrate_all_experts,
+    )
+    device = "cuda" if gpu_available else "cpu"
+
+    scheme, ignore, why_not = model_free_spec(recipe)
+    if scheme and model.path and Path(model.path, "config.json").exists():
+        ignore, why_not = model_free_ignore(Path(model.path), shape, ignore)
+        if why_not:
+            scheme = None
+    if args.path == "model_free" and not scheme:
+        raise ResourceError(
+            "calibration.path",
+            f"the model-free path cannot run this recipe: {why_not}",
+            "set calibration.path to auto or classic",
+        )
+    if scheme and args.path != "classic":
+        _, shard = checkpoint_modules(Path(model.path))
+        needed = CPU_RESERVE + SHARD_FACTOR * shard
+        if needed > cpu_budget and not gpu_available:
+            raise ResourceError(
+                "calibration.max_cpu_memory_gb",
+                f"quantizing {model.model_id} shard by shard needs {gib(needed)} of CPU memory "
+                f"(its largest shard is {gib(shard)}), but the plan may use {gib(cpu_budget)}",
+                "raise calibration.max_cpu_memory_gb, free memory on the worker, or re-shard "
+                "the checkpoint into smaller files",
+            )
+        notes.append(f"model_free: {scheme} needs no data; ignoring {', '.join(ignore) or 'none'}")
+        return MemoryPlan(
+            path="model_free",
+            placement="shards",
+            device=device,
+            state_bytes=0,
+            activation_bytes=0,
+            batch_bytes=0,
+            largest_shard_bytes=shard,
+            cpu_needed_bytes=needed,
+            gpu_needed_bytes=SHARD_FACTOR * shard if gpu_available else 0,
+            batch_size=1,
+            sequential_prefetch=False,
+            weights_in_memory_bytes=0,
+            offload_folder=offload_folder(args, target),
+            model_free_scheme=scheme,
+            model_free_ignore=ignore,
+            notes=notes,
+            **common,
+        )
+    if args.path == "auto" and why_not and not recipe.needs_data:
+        notes.append(f"classic path: {why_not}")
+
+    tokens = int(dataset.token_stats.get("total", 0)) if dataset else 0
+    longest = int(dataset.token_stats.get("max", 0)) if dataset else 0
+    samples = dataset.num_samples if dataset else 0
+    hessians = recipe.needs_data and bool(HESSIAN_MODIFIERS & set(recipe.modifiers))
+    state = (shape.largest_state * 4 + 2 * shape.largest_module * 4) if hessians else 0
+    activations = int(2 * tokens * shape.hidden * act)
+    layer = common["largest_layer_bytes"]
+
+    def batch_bytes(batch: int) -> int:
+        if not samples:
+            return 0
+        width = 3 * shape.intermediate + 6 * shape.hidden
+        return int(batch * longest * width * act + batch * shape.heads * longest**2 * 4)
+
+    def needs(batch: int, placement: str) -> tuple[int, int]:
+        """(CPU, GPU) bytes for `batch` with the weights on `placement`."""
+        prefetch = 2 if gpu_available and args.sequential_prefetch != "off" else 1
+        on_device = state + batch_bytes(batch) * prefetch
+        cached_on_gpu = args.sequential_offload_device == "cuda" and gpu_available
+        cpu = CPU_RESERVE + (0 if cached_on_gpu else activations)
+        cpu += weights if placement in ("cpu", "gpu") else 2 * layer
+        if gpu_available:
+            gpu = GPU_RESERVE + layer + on_device + (activations if cached_on_gpu else 0)
+            return int(cpu), int(gpu)
+        return int(cpu + on_device), 0
+
+    sizes = [args.batch_size] if args.batch_size else list(AUTO_BATCH_SIZES)
+    if samples:
+        sizes = [b for b in sizes if b <= samples] or [1]
+    placements = ["gpu" if gpu_available else "cpu", "disk"]
+    for placement in placements:
+        for batch in sizes:
+            cpu, gpu = needs(batch, placement)
+            if cpu <= cpu_budget and gpu <= gpu_available:
+                if placement == "disk":
+                    notes.append(
+                        f"the weights ({gib(weights)}) do not fit in {gib(cpu_budget)} of CPU "
+                        "memory with the rest: they are read from disk layer by layer"
+                    )
+                prefetch = {"on": True, "off": False}.get(
+                    args.sequential_prefetch, bool(gpu_available)
+                )
+                return MemoryPlan(
+                    path="classic",
+                    placement=placement,
+                    device=device,
+                    state_bytes=state,
+                    activation_bytes=activations,
+                    batch_bytes=batch_bytes(batch),
+                    cpu_needed_bytes=cpu,
+                    gpu_needed_bytes=gpu,
+                    batch_size=batch,
+                    sequential_prefetch=prefetch and gpu_available > 0,
+                    weights_in_memory_bytes=weights if placement != "disk" else cpu_budget - cpu,
+                    offload_folder=offload_folder(args, target) if placement == "disk" else None,
+                    notes=notes,
+                    **common,
+                )
+    cpu, gpu = needs(sizes[-1], "disk")
+    where = f"{gib(gpu)} of GPU memory (free: {gib(gpu_available)}) and " if gpu_available else ""
+    raise ResourceError(
+        "calibration.max_cpu_memory_gb" if args.max_cpu_memory_gb else "dataset.text_samples",
+        f"calibrating {model.model_id} needs {where}{gib(cpu)} of CPU memory even with its "
+        f"weights on disk (largest layer {gib(layer)}, calibration state {gib(state)}, "
+        f"cached activations {gib(activations)} for {tokens} tokens, one batch of "
+        f"{sizes[-1]} {gib(batch_bytes(sizes[-1]))}), but the plan may use {gib(cpu_budget)}",
+        "fewer calibration tokens (dataset.text_samples, dataset.max_seq_len) shrink the cached "
+        "activations; a smaller calibration.batch_size shrinks the batch; or run on a worker with "
+        "more memory"
+        + (", or raise calibration.max_cpu_memory_gb" if args.max_cpu_memory_gb else ""),
+    )
+
+
+def offload_folder(args: CalibrationArgs, target: Path) -> str:
+    """The user's folder, or one beside the output (local to the worker, removed after)."""
+    if args.offload_folder:
+        return str(Path(args.offload_folder).expanduser().resolve())
+    return str(target.parent / f".{target.name}.offload-{os.getpid()}")
+
+
+def plan_for(
+    model: FetchedModel,
+    recipe: RenderedRecipe,
+    dataset: BuiltDataset | None,
+    args: CalibrationArgs,
+    target: Path,
+    layer_classes: list[str] | None = None,
+) -> MemoryPlan:
+    """Read the config, build the model on the meta device, measure the worker, plan."""
+    from transformers import AutoConfig
+
+    from compressflow.tracing import meta_model
+
+    config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    meta = meta_model(config, model.model_class, model.trust_remote_code)
+    classes = layer_classes or recipe.sequential_targets or list(meta._no_split_modules or [])
+    shape = model_shape(meta, config, classes)
+    return make_plan(
+        model,
+        recipe,
+        dataset,
+        args,
+        shape,
+        config,
+        target,
+        available_cpu_bytes(),
+        available_gpu_bytes(),
+    )

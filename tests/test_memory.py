@@ -1,0 +1,248 @@
+"""The memory plan: where calibration keeps the weights, and what it refuses before any load.
+
+Unit tests feed `make_plan` the shape of a real 8B model and made-up workers; end-to-end tests
+run the flow on the tiny model down each path (model-free, weights from disk) and reload what it
+published in a fresh process.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from reload_check import assert_published_model_matches_base
+
+from compressflow.errors import ResourceError
+from compressflow.flows.compress import compress
+from compressflow.flows.validate import validate
+from compressflow.memory import CPU_RESERVE, GIB, Shape, make_plan, model_free_spec, plan_for
+from compressflow.params import (
+    CalibrationArgs,
+    DatasetArgs,
+    ModelArgs,
+    OutputArgs,
+    RecipeArgs,
+)
+from compressflow.results import BuiltDataset, FetchedModel
+from compressflow.tasks.fetch_model import fetch
+from compressflow.tasks.render_recipe import render
+
+# Llama-3.1-8B: 8.03e9 parameters, bfloat16; a decoder layer holds 218M parameters (q/o 4096^2,
+# k/v 4096x1024, gate/up/down 4096x14336), whose Hessians are 4 x 4096^2 + 2 x 4096^2 (q, k, v,
+# o, gate, up read 4096 wide) + 14336^2 (down) float32 elements.
+LLAMA_8B = Shape(
+    parameters=8_030_261_248,
+    hidden=4096,
+    intermediate=14336,
+    heads=32,
+    largest_layer=218_112_000,
+    largest_state=6 * 4096**2 + 14336**2,
+    largest_module=4096 * 14336,
+    quantizable=frozenset(),
+    not_linear=frozenset(),
+)
+BF16_BYTES = 2 * LLAMA_8B.parameters
+
+
+class Config:
+    dtype = "bfloat16"
+
+
+def model_8b(tmp_path) -> FetchedModel:
+    return FetchedModel(
+        path=str(tmp_path),  # no weight files: sizes come from the config's dtype
+        source="local",
+        model_id="meta-llama/Llama-3.1-8B",
+        identity="llama-8b",
+        size_bytes=BF16_BYTES,
+        parameters=LLAMA_8B.parameters,
+        trust_remote_code=False,
+        model_class="AutoModelForCausalLM",
+    )
+
+
+def data(samples: int = 256, tokens: int = 2048) -> BuiltDataset:
+    return BuiltDataset(
+        path="/nonexistent",
+        fingerprint="f",
+        source="test",
+        num_samples=samples,
+        token_stats={"min": tokens, "mean": tokens, "max": tokens, "total": samples * tokens},
+        chat_template_applied=False,
+    )
+
+
+def plan(tmp_path, cpu_gib, gpu_gib=0, recipe="W4A16", dataset=None, **args):
+    return make_plan(
+        model_8b(tmp_path),
+        render(RecipeArgs(recipe=recipe)),
+        dataset if dataset is not None else data(),
+        CalibrationArgs(**args),
+        LLAMA_8B,
+        Config(),
+        tmp_path / "out",
+        int(cpu_gib * GIB),
+        int(gpu_gib * GIB),
+    )
+
+
+def test_an_8b_model_on_a_gpu_host_keeps_weights_in_cpu_memory_and_computes_on_the_gpu(tmp_path):
+    result = plan(tmp_path, cpu_gib=120, gpu_gib=78)
+    assert (result.path, result.placement, result.device) == ("classic", "gpu", "cuda")
+    assert result.weight_bytes == BF16_BYTES
+    # 256 x 2048 tokens x 4096 wide, in and out, bfloat16: 8 GiB between layers, on the CPU.
+    assert result.activation_bytes == 2 * 256 * 2048 * 4096 * 2
+    assert result.state_bytes > (6 * 4096**2 + 14336**2) * 4
+    assert result.batch_size == 16 and result.sequential_prefetch
+    assert result.gpu_needed_bytes <= result.gpu_available_bytes
+
+
+def test_weights_that_do_not_fit_under_the_cap_are_read_from_disk(tmp_path):
+    result = plan(tmp_path, cpu_gib=120, max_cpu_memory_gb=14)
+    assert result.placement == "disk" and result.device == "cpu"
+    assert result.cpu_needed_bytes <= 14 * GIB < BF16_BYTES
+    assert 0 <= result.weights_in_memory_bytes <= 14 * GIB - result.cpu_needed_bytes
+    assert result.offload_folder == str(tmp_path / f".out.offload-{__import__('os').getpid()}")
+    assert any("read from disk layer by layer" in note for note in result.notes)
+
+
+def test_a_plan_that_fits_nowhere_is_refused_with_the_numbers_and_the_fix(tmp_path):
+    with pytest.raises(ResourceError) as raised:
+        plan(tmp_path, cpu_gib=6, max_cpu_memory_gb=6)
+    message = str(raised.value)
+    assert message.startswith("calibration.max_cpu_memory_gb: calibrating meta-llama/Llama-3.1-8B")
+    assert "cached activations 8.00 GiB for 524288 tokens" in message
+    assert "but the plan may use 6.00 GiB" in message
+    assert "Fix: fewer calibration tokens (dataset.text_samples, dataset.max_seq_len)" in message
+
+
+def test_without_a_cap_the_refusal_points_at_the_calibration_data(tmp_path):
+    with pytest.raises(ResourceError, match=r"^dataset\.text_samples: .* needs 12\.\d\d GiB"):
+        plan(tmp_path, cpu_gib=8, batch_size=1)
+
+
+def test_fewer_tokens_make_the_same_worker_fit(tmp_path):
+    result = plan(tmp_path, cpu_gib=8, dataset=data(samples=64, tokens=512))
+    assert result.placement == "disk"
+
+
+def test_the_batch_shrinks_to_what_the_gpu_holds_and_a_users_batch_is_kept(tmp_path):
+    small_gpu = plan(tmp_path, cpu_gib=120, gpu_gib=12)
+    assert small_gpu.batch_size < 16 and small_gpu.gpu_needed_bytes <= 12 * GIB
+    assert plan(tmp_path, cpu_gib=120, gpu_gib=78, batch_size=3).batch_size == 3
+    assert not plan(
+        tmp_path, cpu_gib=120, gpu_gib=78, sequential_prefetch="off"
+    ).sequential_prefetch
+
+
+@pytest.mark.parametrize(
+    "recipe, scheme",
+    [
+        ("FP8_DYNAMIC", "FP8_DYNAMIC"),
+        (
+            "- QuantizationModifier: {targets: Linear, scheme: FP8_BLOCK, ignore: [lm_head]}",
+            "FP8_BLOCK",
+        ),
+        ("W4A16", None),  # GPTQ calibrates on data
+        ("- QuantizationModifier: {targets: Linear, scheme: FP8}", None),  # static activations
+        (
+            "- QuantizationModifier: {targets: Linear, scheme: FP8_DYNAMIC, kv_cache_scheme: "
+            "{num_bits: 8, type: float, strategy: tensor, dynamic: false, symmetric: true}}",
+            None,
+        ),
+    ],
+)
+def test_model_free_runs_only_what_it_can_run_as_written(recipe, scheme):
+    found, _, why_not = model_free_spec(render(RecipeArgs(recipe=recipe)))
+    assert found == scheme
+    assert bool(why_not) == (scheme is None)
+
+
+def test_forcing_model_free_on_a_recipe_that_needs_data_is_refused(tmp_path):
+    with pytest.raises(ResourceError, match=r"^calibration.path: .*calibrates on data"):
+        plan(tmp_path, cpu_gib=120, path="model_free")
+
+
+def test_validate_shows_the_plan_for_this_machine(tiny_model):
+    report = validate(model={"model_id": str(tiny_model)}, recipe={"recipe": "FP8_DYNAMIC"})
+    row = next(check for check in report.checks if check.name == "memory")
+    assert row.detail.startswith("model_free path: FP8_DYNAMIC shard by shard on cpu")
+
+
+def tiny_run(tiny_model, tmp_path, recipe, calibration):
+    target = tmp_path / "out"
+    compress(
+        model=ModelArgs(model_id=str(tiny_model)),
+        dataset=DatasetArgs(text_samples=16, max_seq_len=64),
+        recipe=RecipeArgs(recipe=recipe),
+        output=OutputArgs(save_directory=str(target)),
+        calibration=calibration,
+    )
+    return target, json.loads((target / "manifest.json").read_text())
+
+
+def test_a_data_free_scheme_goes_shard_by_shard_and_is_verified_weight_by_weight(
+    prefect_harness, tiny_model, tmp_path
+):
+    target, manifest = tiny_run(tiny_model, tmp_path, "FP8_DYNAMIC", CalibrationArgs())
+    plan_ = manifest["memory_plan"]
+    assert (plan_["path"], plan_["placement"], plan_["weights_in_memory_bytes"]) == (
+        "model_free",
+        "shards",
+        0,
+    )
+    # model_free_ptq matches names, not classes: the embedding must be told to stay as it is.
+    assert plan_["model_free_ignore"] == ["lm_head", "model.embed_tokens"]
+    checks = {c["name"]: c for c in manifest["verification"]["checks"]}
+    assert checks["weights"]["passed"] and checks["weights"]["detail"].startswith("14 weights")
+    assert checks["logits"]["passed"]
+    assert not list(tmp_path.glob(".*offload*")), "offload folder left behind"
+    assert_published_model_matches_base(target, tiny_model, "AutoModelForCausalLM")
+
+
+def test_the_classic_path_can_be_forced_for_a_data_free_scheme(
+    prefect_harness, tiny_model, tmp_path
+):
+    _, manifest = tiny_run(tiny_model, tmp_path, "FP8_DYNAMIC", CalibrationArgs(path="classic"))
+    assert manifest["memory_plan"]["path"] == "classic"
+    assert "weights" not in {c["name"] for c in manifest["verification"]["checks"]}
+
+
+def test_a_cap_below_the_weights_calibrates_from_disk_and_publishes_a_verified_model(
+    prefect_harness, tiny_model, tmp_path
+):
+    model = fetch(ModelArgs(model_id=str(tiny_model)))
+    recipe = render(RecipeArgs(recipe="W4A16"))
+    in_memory = plan_for(model, recipe, data(16, 64), CalibrationArgs(batch_size=1), tmp_path)
+    assert in_memory.placement == "cpu"
+    # Between what the weights-on-disk plan needs (the weights swapped for two layers) and what
+    # keeping them in memory needs.
+    cap = (
+        in_memory.cpu_needed_bytes
+        - in_memory.weight_bytes
+        + 2 * in_memory.largest_layer_bytes
+        + 2**19
+    )
+    assert cap < in_memory.cpu_needed_bytes and cap > CPU_RESERVE
+    target, manifest = tiny_run(
+        tiny_model, tmp_path, "W4A16", CalibrationArgs(batch_size=1, max_cpu_memory_gb=cap / GIB)
+    )
+    assert manifest["memory_plan"]["placement"] == "disk"
+    assert manifest["verification"]["passed"]
+    assert not list(tmp_path.glob(".*offload*")), "offload folder left behind"
+    assert_published_model_matches_base(target, tiny_model, "AutoModelForCausalLM")
+
+
+def test_the_chosen_knobs_are_in_the_manifest(prefect_harness, tiny_model, tmp_path):
+    _, manifest = tiny_run(
+        tiny_model,
+        tmp_path,
+        "W4A16",
+        CalibrationArgs(batch_size=4, moe_calibrate_all_experts=False),
+    )
+    plan_ = manifest["memory_plan"]
+    assert plan_["batch_size"] == 4 and plan_["moe_calibrate_all_experts"] is False
+    assert plan_["sequential_offload_device"] == "cpu" and plan_["sequential_prefetch"] is False
+    assert manifest["inputs"]["calibration"]["batch_size"] == 4
+    assert Path(tmp_path / "out" / "recipe.yaml").exists()
