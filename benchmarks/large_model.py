@@ -24,11 +24,12 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import long_texts, print_result, run_child, write_jsonl
+from benchmarks.common import REPO, long_texts, print_result, run_child, write_jsonl
 
 TARGET_FP8_RSS_RATIO = 0.5
 TARGET_GPTQ_RSS_OF_MODEL = 0.6
@@ -140,17 +141,34 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=20)
     parser.add_argument("--cap-gb", type=float, default=2.2)
     parser.add_argument("--skip-bare-gptq", action="store_true")
-    parser.add_argument("--child", choices=["bare", "flow"])
+    parser.add_argument("--child", choices=["bare", "flow", "build"])
     parser.add_argument("--scheme", choices=["fp8", "gptq"])
     parser.add_argument("--model")
     parser.add_argument("--data")
     parser.add_argument("--out")
     args = parser.parse_args()
+    if args.child == "build":
+        build_model(args.work / "model", args.layers)
+        return 0
     if args.child:
         (bare_child if args.child == "bare" else flow_child)(args)
         return 0
 
-    model = build_model(args.work / "model", args.layers)
+    # Built in a child: a parent that once held the model would lend its peak RSS to every
+    # child it starts (ru_maxrss counts the parent's pages between fork and exec).
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            MODULE,
+            "--child=build",
+            f"--work={args.work}",
+            f"--layers={args.layers}",
+        ],
+        cwd=REPO,
+        check=True,
+    )
+    model = args.work / "model"
     model_bytes = sum(f.stat().st_size for f in model.glob("*.safetensors"))
     shards = len(list(model.glob("*.safetensors")))
     from transformers import AutoTokenizer

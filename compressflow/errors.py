@@ -19,6 +19,10 @@ class CompressflowError(Exception):
         self.field, self.problem, self.fix = field, problem, fix
         super().__init__(f"{field}: {problem}. Fix: {fix}")
 
+    def __reduce__(self):
+        # Raised in the calibration process, re-raised in the task's: pickle what __init__ takes.
+        return (type(self), (self.field, self.problem, self.fix))
+
 
 class InputError(CompressflowError, ValueError):
     """A parameter is wrong."""

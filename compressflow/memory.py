@@ -37,6 +37,9 @@ GIB = 2**30
 CPU_RESERVE = int(1.5 * GIB)
 GPU_RESERVE = int(1.0 * GIB)  # CUDA context and kernels
 AUTO_BATCH_SIZES = (16, 8, 4, 2, 1)
+# llm-compressor cuts each batch to its shortest sample (padding instead would calibrate GPTQ on
+# pad tokens): an automatic batch size may drop at most this share of the calibration tokens.
+MAX_TRUNCATED_SHARE = 0.02
 HESSIAN_MODIFIERS = {"GPTQModifier", "SparseGPTModifier"}
 # model_free_ptq reads a shard, quantizes it tensor by tensor and writes it: the shard, its
 # quantized copy and one tensor's float32 working copy.
@@ -195,6 +198,26 @@ def model_free_ignore(folder: Path, shape: Shape, ignore: list[str]) -> tuple[li
     return sorted(set(ignore) | (saved & shape.not_linear)), ""
 
 
+def truncated_share(lengths: list[int], batch: int) -> float:
+    """Share of tokens lost when samples, longest first, are batched and cut to each batch's
+    shortest (llm-compressor's LengthAwareSampler with its truncating collator)."""
+    ordered = sorted(lengths, reverse=True)
+    kept = sum(
+        min(ordered[i : i + batch]) * len(ordered[i : i + batch])
+        for i in range(0, len(ordered), batch)
+    )
+    return 1 - kept / max(sum(ordered), 1)
+
+
+def sample_lengths(dataset: BuiltDataset | None) -> list[int]:
+    """Tokens per calibration sample, from the built dataset; empty when there is none."""
+    if dataset is None or not Path(dataset.path).exists():
+        return []
+    from datasets import load_from_disk
+
+    return [len(ids) for ids in load_from_disk(dataset.path)["input_ids"]]
+
+
 def weight_bytes(model: FetchedModel, config, parameters: int) -> tuple[int, float]:
     """Bytes of the weights as loaded, and bytes per parameter.
 
@@ -219,8 +242,12 @@ def make_plan(
     target: Path,
     cpu_available: int,
     gpu_available: int,
+    lengths: list[int] | None = None,
 ) -> MemoryPlan:
-    """The plan for this run on this worker; ResourceError when it fits nowhere."""
+    """The plan for this run on this worker; ResourceError when it fits nowhere.
+
+    `lengths` (tokens per sample) bound the automatic batch size by what truncation would drop.
+    """
     notes: list[str] = []
     weights, per_param = weight_bytes(model, config, shape.parameters)
     act = max(per_param, 2)  # activations in the model's dtype (float32 models: 4)
@@ -315,6 +342,10 @@ def make_plan(
     sizes = [args.batch_size] if args.batch_size else list(AUTO_BATCH_SIZES)
     if samples:
         sizes = [b for b in sizes if b <= samples] or [1]
+    if lengths and not args.batch_size:
+        sizes = [b for b in sizes if truncated_share(lengths, b) <= MAX_TRUNCATED_SHARE] or [1]
+    if lengths and (share := truncated_share(lengths, sizes[0])) > 0:
+        notes.append(f"batch {sizes[0]} cuts {share:.1%} of the calibration tokens (truncation)")
     placements = ["gpu" if gpu_available else "cpu", "disk"]
     for placement in placements:
         for batch in sizes:
@@ -393,4 +424,5 @@ def plan_for(
         target,
         available_cpu_bytes(),
         available_gpu_bytes(),
+        sample_lengths(dataset),
     )

@@ -168,6 +168,12 @@ class CalibrationArgs(_Args):
         description="Cap on the CPU memory the run plans to use, in GiB; 0 means what the worker "
         "has available. Weights that do not fit under it are read from disk layer by layer.",
     )
+    timeout_minutes: float = Field(
+        default=0,
+        ge=0,
+        description="Stop calibration after this many minutes (0: no limit). It runs in a "
+        "process of its own, so stopping it ends it and returns its memory.",
+    )
     offload_folder: str = Field(
         default="",
         description="Local folder for weights offloaded to disk; empty: a temporary folder beside "

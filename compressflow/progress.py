@@ -2,8 +2,8 @@
 
 llm-compressor's sequential pipeline calibrates the model one subgraph (decoder layer) at a time
 and, after each, calls `LifecycleCallbacks.sequential_epoch_end` (after the calibration pass, once
-the modifiers have compressed that layer). `watch_calibration` wraps that call for the duration of
-`oneshot` and, per subgraph, advances a Prefect progress artifact, logs "subgraph i/N done,
+the modifiers have compressed that layer). `on_subgraph_done` wraps that call for the duration of
+`oneshot`, and a CalibrationProgress, per subgraph, advances a Prefect progress artifact, logs "subgraph i/N done,
 elapsed, ETA" through the run logger, and reports the same figures to ClearML.
 
 Why that hook: `LifecycleCallbacks` is exported by `llmcompressor.core` and is the documented
@@ -19,7 +19,7 @@ SmoothQuant, then GPTQ), so the total is passes x subgraphs.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -134,22 +134,23 @@ def _artifact_call(kind: str, *args, **kwargs):
 
 
 @contextmanager
-def watch_calibration(per_pass: int, passes: int) -> Iterator[CalibrationProgress]:
-    """Report each finished subgraph while `oneshot` runs inside this block."""
+def on_subgraph_done(callback: Callable[[], None]) -> Iterator[None]:
+    """Call `callback` after each subgraph llm-compressor calibrates inside this block.
+
+    Calibration runs in its own process (compressflow.isolation); there the callback sends an
+    event to the task's process, which owns the CalibrationProgress and reports it.
+    """
     from llmcompressor.core import LifecycleCallbacks
 
-    progress = CalibrationProgress(per_pass=per_pass, passes=passes)
-    progress.start()
     original = LifecycleCallbacks.__dict__["sequential_epoch_end"]  # the classmethod object
 
     def sequential_epoch_end(cls, modules, **kwargs):
         result = original.__func__(cls, modules, **kwargs)  # the layer is compressed in here
-        progress.subgraph_done()
+        callback()
         return result
 
     LifecycleCallbacks.sequential_epoch_end = classmethod(sequential_epoch_end)
     try:
-        yield progress
+        yield
     finally:
         LifecycleCallbacks.sequential_epoch_end = original
-    progress.finish()

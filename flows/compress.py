@@ -106,8 +106,9 @@ def run_stages(
 
         staging = staging_path(target)
         try:
+            timeout = calibration.timeout_minutes * 60 or None
             calibrated = stages.run(
-                calibrate,
+                calibrate.with_options(timeout_seconds=timeout),
                 resolved.model,
                 resolved.dataset,
                 resolved.recipe,

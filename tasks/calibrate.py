@@ -4,6 +4,9 @@ The checkpoint goes to a staging folder next to the final output (same filesyste
 publish stage seals with a rename: the model is saved once and never reloaded. Per-module
 metrics exist in llm-compressor only as log lines (an INFO "Quantizing 1 module(s): [name]"
 followed by METRIC "time 0.06s" and "error 9.05"), so a loguru sink collects them while it runs.
+
+The work happens in a process of its own (`calibrate_here`, started by compressflow.isolation):
+ending the task ends it, and its memory, GPU memory included, goes back when it exits.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import re
 import resource
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from prefect import task
@@ -27,14 +31,16 @@ from compressflow.compat import (
 from compressflow.disk_space import disk_full_is_clear, folder_size
 from compressflow.errors import CalibrationError
 from compressflow.imports import import_callable
+from compressflow.isolation import run_isolated
 from compressflow.local_text import verification_texts
 from compressflow.logs import run_logger
 from compressflow.manifest import reference_path
 from compressflow.params import RecipeArgs, VerifyArgs
 from compressflow.progress import (
+    CalibrationProgress,
+    on_subgraph_done,
     sequential_passes,
     subgraphs_per_pass,
-    watch_calibration,
 )
 from compressflow.quality import logits_of
 from compressflow.registries.architectures import ARCHITECTURES
@@ -201,9 +207,6 @@ def calibrate_model_free(
         reference_seconds=round(reference_seconds, 3),
         reference_path=str(reference),
     )
-    log.info("Quantized in %.1f s; peak RSS %.0f MB", seconds, result.peak_rss_mb)
-    tracking.current().single("calibration seconds", seconds)
-    tracking.current().single("peak RSS MB", result.peak_rss_mb)
     return result
 
 
@@ -223,18 +226,78 @@ def calibrate(
     save_compressed: bool = True,
     data_collator: str | None = None,
 ) -> Calibration:
+    """Calibrate in a process of its own (`calibrate_here`) and report what it did.
+
+    The task's process keeps the progress artifact, the run log and ClearML; the child holds the
+    model, so a timeout or cancellation that ends the task ends the calibration and frees its
+    memory (compressflow.isolation).
+    """
+    progress: list[CalibrationProgress] = []
+
+    def on_event(kind: str, payload) -> None:
+        if kind == "progress":
+            progress.append(CalibrationProgress(*payload))
+            progress[0].start()
+        elif kind == "subgraph" and progress:
+            progress[0].subgraph_done()
+
+    inputs = (model, dataset, recipe, args, plan, staging_path, verify, save_compressed)
+    result = run_isolated(calibrate_here, (*inputs, data_collator), on_event, "calibration")
+    if progress:
+        progress[0].finish()
+    report(result)
+    return result
+
+
+def report(result: Calibration) -> None:
+    log = run_logger(__name__)
+    log.info(
+        "Calibrated %d module(s) in %.1f s; peak RSS %.0f MB",
+        len(result.modules),
+        result.seconds,
+        result.peak_rss_mb,
+    )
+    tracker = tracking.current()
+    for module in result.modules:
+        series = module.name.rsplit(".", 1)[-1]
+        if module.error is not None:
+            tracker.scalar(
+                "quantization error by layer", series, module.error, layer_index(module.name)
+            )
+        if module.seconds is not None:
+            tracker.scalar(
+                "calibration seconds by layer", series, module.seconds, layer_index(module.name)
+            )
+    tracker.single("calibration seconds", result.seconds)
+    tracker.single("peak RSS MB", result.peak_rss_mb)
+    if result.peak_gpu_mb is not None:
+        tracker.single("peak GPU MB", result.peak_gpu_mb)
+
+
+def calibrate_here(
+    model: FetchedModel,
+    dataset: BuiltDataset | None,
+    recipe: RenderedRecipe,
+    args: RecipeArgs,
+    plan: MemoryPlan,
+    staging_path: str,
+    verify: VerifyArgs,
+    save_compressed: bool,
+    data_collator: str | None,
+    events: Callable[..., None],
+) -> Calibration:
     """Load the model as `plan` says, run oneshot with the recipe, save it to `staging_path`.
 
     Before oneshot changes the model, its logits on the verification texts are saved beside
     the staging folder, so the verify stage compares against the base without loading it again.
     A model-free plan quantizes the checkpoint shard by shard instead (`calibrate_model_free`).
+    `events("progress", (per_pass, passes))` and `events("subgraph")` report progress.
     """
     if plan.path == "model_free":
         return calibrate_model_free(model, plan, staging_path, verify)
     import torch
     from datasets import load_from_disk
     from llmcompressor import oneshot
-    from llmcompressor.core import reset_session
     from loguru import logger as loguru_logger
 
     log = run_logger(__name__)
@@ -282,8 +345,9 @@ def calibrate(
     try:
         with (
             restored_torch_functions(),  # the sequential pipeline traces too
-            watch_calibration(subgraphs_per_pass(loaded, targets), passes),
+            on_subgraph_done(lambda: events("subgraph")),
         ):
+            events("progress", (subgraphs_per_pass(loaded, targets), passes))
             oneshot(model=loaded, processor=processor, recipe=recipe.yaml, **kwargs)
     except (RuntimeError, ValueError, TypeError, AssertionError, KeyError) as exc:
         # What the checks before calibration could not foresee: said in the one error format,
@@ -328,30 +392,4 @@ def calibrate(
         reference_seconds=round(reference_seconds, 3),
         reference_path=str(reference),
     )
-    # Hand the memory back before verify reloads the checkpoint: llm-compressor's session keeps
-    # the calibrated model alive otherwise, and verify would hold two models at once.
-    del loaded
-    reset_session()
-    gc.collect()
-    log.info(
-        "Calibrated %d module(s) in %.1f s; peak RSS %.0f MB",
-        len(result.modules),
-        seconds,
-        result.peak_rss_mb,
-    )
-    tracker = tracking.current()
-    for module in result.modules:
-        series = module.name.rsplit(".", 1)[-1]
-        if module.error is not None:
-            tracker.scalar(
-                "quantization error by layer", series, module.error, layer_index(module.name)
-            )
-        if module.seconds is not None:
-            tracker.scalar(
-                "calibration seconds by layer", series, module.seconds, layer_index(module.name)
-            )
-    tracker.single("calibration seconds", seconds)
-    tracker.single("peak RSS MB", result.peak_rss_mb)
-    if result.peak_gpu_mb is not None:
-        tracker.single("peak GPU MB", result.peak_gpu_mb)
     return result

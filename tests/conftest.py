@@ -27,7 +27,7 @@ os.environ.update(
     HF_HUB_OFFLINE="1",
     TOKENIZERS_PARALLELISM="false",
     # The test modules that define custom loaders and collators.
-    COMPRESSFLOW_ALLOWED_IMPORTS="test_build_dataset,test_validate,test_compress_flow,test_architectures",
+    COMPRESSFLOW_ALLOWED_IMPORTS="test_build_dataset,test_validate,test_compress_flow,test_architectures,test_memory",
 )
 
 

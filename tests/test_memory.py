@@ -16,7 +16,15 @@ from reload_check import assert_published_model_matches_base
 from compressflow.errors import ResourceError
 from compressflow.flows.compress import compress
 from compressflow.flows.validate import validate
-from compressflow.memory import CPU_RESERVE, GIB, Shape, make_plan, model_free_spec, plan_for
+from compressflow.memory import (
+    CPU_RESERVE,
+    GIB,
+    Shape,
+    make_plan,
+    model_free_spec,
+    plan_for,
+    truncated_share,
+)
 from compressflow.params import (
     CalibrationArgs,
     DatasetArgs,
@@ -125,6 +133,26 @@ def test_without_a_cap_the_refusal_points_at_the_calibration_data(tmp_path):
 def test_fewer_tokens_make_the_same_worker_fit(tmp_path):
     result = plan(tmp_path, cpu_gib=8, dataset=data(samples=64, tokens=512))
     assert result.placement == "disk"
+
+
+def test_the_automatic_batch_never_cuts_more_than_2_percent_of_the_tokens(tmp_path):
+    uneven = [64 + (i * 37) % 1984 for i in range(256)]  # 64 to 2047 tokens, all different
+    result = make_plan(
+        model_8b(tmp_path),
+        render(RecipeArgs(recipe="W4A16")),
+        data(),
+        CalibrationArgs(),
+        LLAMA_8B,
+        Config(),
+        tmp_path / "out",
+        120 * GIB,
+        78 * GIB,
+        uneven,
+    )
+    chosen = result.batch_size
+    assert 1 < chosen < 16
+    assert truncated_share(uneven, chosen) <= 0.02 < truncated_share(uneven, 2 * chosen)
+    assert truncated_share([256] * 64, 16) == 0.0
 
 
 def test_the_batch_shrinks_to_what_the_gpu_holds_and_a_users_batch_is_kept(tmp_path):
@@ -246,3 +274,40 @@ def test_the_chosen_knobs_are_in_the_manifest(prefect_harness, tiny_model, tmp_p
     assert plan_["sequential_offload_device"] == "cpu" and plan_["sequential_prefetch"] is False
     assert manifest["inputs"]["calibration"]["batch_size"] == 4
     assert Path(tmp_path / "out" / "recipe.yaml").exists()
+
+
+def hanging_collator(batch):
+    """Records the calibration process's pid, then hangs as a stuck calibration would."""
+    import os
+    import time
+
+    Path(os.environ["HANG_PID_FILE"]).write_text(str(os.getpid()))
+    time.sleep(600)
+
+
+def test_a_timeout_stops_calibration_and_its_process(
+    prefect_harness, tiny_model, tmp_path, monkeypatch
+):
+    import os
+    import time
+
+    from compressflow.errors import CompressflowError
+
+    pid_file = tmp_path / "pid"
+    monkeypatch.setenv("HANG_PID_FILE", str(pid_file))
+    started = time.monotonic()
+    with pytest.raises((TimeoutError, CompressflowError)):
+        compress(
+            model=ModelArgs(model_id=str(tiny_model)),
+            dataset=DatasetArgs(
+                text_samples=4, max_seq_len=32, data_collator="test_memory:hanging_collator"
+            ),
+            recipe=RecipeArgs(recipe="W4A16"),
+            output=OutputArgs(save_directory=str(tmp_path / "out")),
+            calibration=CalibrationArgs(timeout_minutes=0.25),
+        )
+    assert time.monotonic() - started < 120
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the calibration process is gone, not left running
+    assert not (tmp_path / "out").exists()
