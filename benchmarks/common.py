@@ -12,6 +12,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,9 +50,40 @@ def write_jsonl(path: Path, texts: list[str]) -> Path:
 class ChildRun:
     wall_s: float
     cpu_s: float  # user + system: less disturbed than wall time by other work on the machine
-    peak_rss_mb: float
+    peak_rss_mb: float  # the largest single process of the tree (what ru_maxrss reports)
     load_before: float  # 1-minute load average when the child started
     result: dict
+    peak_tree_rss_mb: float = 0.0  # the most the whole process tree held at once (sampled)
+
+
+class TreeSampler(threading.Thread):
+    """Samples the summed RSS of a process and its descendants every 50 ms.
+
+    ru_maxrss is per process: a flow whose calibration runs in a child (or a Prefect temporary
+    server beside it) would hide memory held by two processes at once. The sum is what the
+    machine must have.
+    """
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.pid, self.peak, self.done = pid, 0, threading.Event()
+
+    def run(self) -> None:
+        import psutil
+
+        while not self.done.wait(0.05):
+            try:
+                root = psutil.Process(self.pid)
+                tree = [root, *root.children(recursive=True)]
+                total = 0
+                for process in tree:
+                    try:
+                        total += process.memory_info().rss
+                    except psutil.Error:  # exited between listing and reading
+                        pass
+                self.peak = max(self.peak, total)
+            except psutil.Error:
+                return
 
 
 def run_child(args: list[str], env: dict[str, str], log_path: Path) -> ChildRun:
@@ -63,8 +95,11 @@ def run_child(args: list[str], env: dict[str, str], log_path: Path) -> ChildRun:
         proc = subprocess.Popen(
             [sys.executable, "-m", *args], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
         )
+        sampler = TreeSampler(proc.pid)
+        sampler.start()
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - started
+        sampler.done.set()
     proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4, not by Popen
     output = log_path.read_text(errors="replace")
     if proc.returncode != 0:
@@ -85,6 +120,7 @@ def run_child(args: list[str], env: dict[str, str], log_path: Path) -> ChildRun:
         peak_rss_mb=usage.ru_maxrss / 1024,
         load_before=load_before,
         result=result,
+        peak_tree_rss_mb=sampler.peak / 2**20,
     )
 
 

@@ -10,14 +10,15 @@ Same model, same texts, same recipe (the W4A16 preset), each variant a whole sep
 - flow cold / warm (temporary server): the same two without PREFECT_API_URL, so each process
                starts Prefect's temporary local server, as a plain `python script.py` does.
 
-Wall time is the whole process, start to exit; peak RSS is that process's own (`os.wait4`). The
-temporary server is a child of the flow process: Linux reports the larger of the two peaks, not
-their sum. Medians over `--repeats` rounds; the variants are interleaved within each round.
+Wall time is the whole process, start to exit; peak RSS is the most its whole process tree held
+at once (sampled every 50 ms: the flow calibrates in a child process, and the temporary server
+is a child too). Medians over `--repeats` rounds; the variants are interleaved within each round.
 
     python -m benchmarks.flow_vs_bare [--repeats 3] [--samples 128] [--max-seq-len 256]
 
-Targets: cold flow/bare wall <= 1.10, flow/bare peak RSS <= 1.10, warm <= 10% of cold (the
-running-server case). Exits 1 when one is missed. The model is a random-weight Llama from
+Targets (issue "Real-size models"): with its defaults (the memory plan's batch size) the cold
+flow beats a bare script with llm-compressor's defaults: wall <= 0.80, peak RSS <= 1.05; warm
+<= 10% of cold (the running-server case). Exits 1 when one is missed. The model is a random-weight Llama from
 `demo.assets` (6 layers, 768 wide) whose bare calibration takes over 60 s on 2 CPU cores.
 """
 
@@ -45,8 +46,8 @@ from benchmarks.common import (
     write_jsonl,
 )
 
-TARGET_WALL_RATIO = 1.10
-TARGET_RSS_RATIO = 1.10
+TARGET_WALL_RATIO = 0.80
+TARGET_RSS_RATIO = 1.05
 TARGET_WARM_RATIO = 0.10
 PRESET = "W4A16"
 MODULE = "benchmarks.flow_vs_bare"
@@ -252,7 +253,7 @@ def run_round(r: int, work: Path, inputs, env, api_url, args) -> dict[str, Child
         run_ = runs[name]
         print(
             f"  round {r} {name:<24} {run_.wall_s:6.1f} s wall {run_.cpu_s:6.1f} s CPU "
-            f"{run_.peak_rss_mb:5.0f} MB  load {run_.load_before:.1f}  ({phases})",
+            f"{run_.peak_tree_rss_mb:5.0f} MB  load {run_.load_before:.1f}  ({phases})",
             flush=True,
         )
 
@@ -273,7 +274,7 @@ def report(rounds: list[dict[str, ChildRun]]) -> bool:
     names = list(rounds[0])
     wall = {n: median(r[n].wall_s for r in rounds) for n in names}
     cpu = {n: median(r[n].cpu_s for r in rounds) for n in names}
-    rss = {n: median(r[n].peak_rss_mb for r in rounds) for n in names}
+    rss = {n: median(r[n].peak_tree_rss_mb for r in rounds) for n in names}
     print(f"\nmedians of {len(rounds)} round(s)")
     print(f"{'variant':<24} {'wall s':>8} {'CPU s':>8} {'peak RSS MB':>12}")
     for n in names:

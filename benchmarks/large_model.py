@@ -26,7 +26,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from benchmarks.common import REPO, long_texts, print_result, run_child, write_jsonl
@@ -204,19 +203,20 @@ def main() -> int:
             f"--out={home / 'out'}",
             f"--cap-gb={args.cap_gb if scheme == 'gptq' else 0}",
         ]
-        started = time.perf_counter()
         run = run_child(command, env, home / "log.txt")
         results[(child, scheme)] = run
         extra = f" {json.dumps(run.result)}" if run.result else ""
         print(
             f"{child} {scheme}: wall {run.wall_s:.0f} s, cpu {run.cpu_s:.0f} s, peak RSS "
-            f"{run.peak_rss_mb:.0f} MB ({time.perf_counter() - started:.0f} s){extra}",
+            f"{run.peak_tree_rss_mb:.0f} MB (process tree; largest process "
+            f"{run.peak_rss_mb:.0f} MB){extra}",
             flush=True,
         )
         shutil.rmtree(home / "out", ignore_errors=True)
 
-    fp8 = results["flow", "fp8"].peak_rss_mb / results["bare", "fp8"].peak_rss_mb
-    gptq = results["flow", "gptq"].peak_rss_mb * 2**20 / model_bytes
+    # Peaks of the whole process tree: the flow's calibration runs in a child of its own.
+    fp8 = results["flow", "fp8"].peak_tree_rss_mb / results["bare", "fp8"].peak_tree_rss_mb
+    gptq = results["flow", "gptq"].peak_tree_rss_mb * 2**20 / model_bytes
     print(f"flow FP8 / bare FP8 peak RSS: {fp8:.2f} (target <= {TARGET_FP8_RSS_RATIO})")
     print(
         f"flow GPTQ (cap {args.cap_gb} GiB) peak RSS / model bytes: {gptq:.2f} "
@@ -224,7 +224,7 @@ def main() -> int:
     )
     if ("bare", "gptq") in results:
         wall = results["flow", "gptq"].wall_s / results["bare", "gptq"].wall_s
-        rss = results["flow", "gptq"].peak_rss_mb / results["bare", "gptq"].peak_rss_mb
+        rss = results["flow", "gptq"].peak_tree_rss_mb / results["bare", "gptq"].peak_tree_rss_mb
         print(f"flow GPTQ (disk) / bare GPTQ (in memory): wall {wall:.2f}, peak RSS {rss:.2f}")
     return 0 if fp8 <= TARGET_FP8_RSS_RATIO and gptq <= TARGET_GPTQ_RSS_OF_MODEL else 1
 

@@ -49,6 +49,14 @@ def test_the_form_shows_limits_and_choices():
     pipeline = definitions["RecipeArgs"]["properties"]["pipeline"]
     assert "sequential" in next(choice["enum"] for choice in pipeline["anyOf"] if "enum" in choice)
     assert definitions["DatasetArgs"]["additionalProperties"] is False
+    calibration = definitions["CalibrationArgs"]["properties"]
+    assert calibration["path"]["enum"] == ["auto", "classic", "model_free"]
+    assert calibration["max_cpu_memory_gb"]["minimum"] == 0
+    assert calibration["sequential_prefetch"]["enum"] == ["auto", "on", "off"]
+    # Every knob explains itself in the form, with no text the UI would strip as HTML.
+    assert all(
+        field["description"] and "<" not in field["description"] for field in calibration.values()
+    )
     gate = schema_of("flows/evaluate.py:evaluate")["definitions"]["QualityGate"]["properties"]
     assert gate["on_threshold"]["enum"] == ["fail", "flag"]
 
@@ -71,6 +79,8 @@ BAD = [
     ("compress", {"recipe": {"pipeline": "layer_sequential"}}, "layer_sequential"),
     ("compress", {"dataset": {"txt_samples": 16}}, "txt_samples"),
     ("compress", {"model": {"model_id": ""}}, "model_id"),
+    ("compress", {"calibration": {"path": "fastest"}}, "fastest"),
+    ("compress", {"calibration": {"batch_size": -1}}, "batch_size"),
     ("evaluate", {"gate": {"on_threshold": "warn"}}, "warn"),
     ("evaluate", {"held_out": {"samples": 0}}, "samples"),
 ]
