@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,3 +134,50 @@ def print_result(result: dict) -> None:
 
 def median(values) -> float:
     return statistics.median(values)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(home: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    """`prefect server start` on a free port with its own PREFECT_HOME; waits until healthy."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    log = (home / "server.log").open("w")
+    proc = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "prefect"),
+            "server",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        env={**env, "PREFECT_HOME": str(home)},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"prefect server exited {proc.returncode}; see {home}/server.log")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2):
+                return proc, url
+        except OSError:
+            time.sleep(0.5)
+    stop_server(proc)
+    raise RuntimeError(f"prefect server did not become healthy in 180 s; see {home}/server.log")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

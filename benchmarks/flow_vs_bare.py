@@ -28,13 +28,9 @@ import argparse
 import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from benchmarks.common import (
@@ -43,6 +39,8 @@ from benchmarks.common import (
     median,
     print_result,
     run_child,
+    start_server,
+    stop_server,
     write_jsonl,
 )
 
@@ -130,53 +128,6 @@ def flow_child(args) -> None:
 
 
 # --- parent -------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_server(home: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    """`prefect server start` on a free port with its own PREFECT_HOME; waits until healthy."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/api"
-    log = (home / "server.log").open("w")
-    proc = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "prefect"),
-            "server",
-            "start",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        env={**env, "PREFECT_HOME": str(home)},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"prefect server exited {proc.returncode}; see {home}/server.log")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2):
-                return proc, url
-        except OSError:
-            time.sleep(0.5)
-    stop_server(proc)
-    raise RuntimeError(f"prefect server did not become healthy in 180 s; see {home}/server.log")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def prepare(work: Path, samples: int, max_seq_len: int) -> tuple[Path, Path, Path]:

@@ -11,7 +11,7 @@ four runs, each a whole separate process (peak RSS is the process's own, from `o
 - flow GPTQ:   the flow with W4A16 and `calibration.max_cpu_memory_gb` below the model's size:
                the plan reads the weights from disk layer by layer.
 
-    python -m benchmarks.large_model [--layers 20] [--cap-gb 2.2] [--skip-bare-gptq]
+    python -m benchmarks.large_model [--layers 20] [--cap-gb 2.3] [--skip-bare-gptq]
 
 Targets: flow FP8 / bare FP8 peak RSS <= 0.5; flow GPTQ peak RSS <= 0.6 x the model's bytes.
 Exits 1 when one is missed. The model and data are built once under --work (default
@@ -28,7 +28,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.common import REPO, long_texts, print_result, run_child, write_jsonl
+from benchmarks.common import (
+    REPO,
+    ChildRun,
+    long_texts,
+    print_result,
+    run_child,
+    start_server,
+    stop_server,
+    write_jsonl,
+)
 
 TARGET_FP8_RSS_RATIO = 0.5
 TARGET_GPTQ_RSS_OF_MODEL = 0.6
@@ -138,7 +147,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=Path("/tmp/compressflow-bench-large"))
     parser.add_argument("--layers", type=int, default=20)
-    parser.add_argument("--cap-gb", type=float, default=2.2)
+    parser.add_argument("--cap-gb", type=float, default=2.3)
     parser.add_argument("--skip-bare-gptq", action="store_true")
     parser.add_argument("--child", choices=["bare", "flow", "build"])
     parser.add_argument("--scheme", choices=["fp8", "gptq"])
@@ -181,39 +190,56 @@ def main() -> int:
     if not args.skip_bare_gptq:
         runs.insert(2, ("bare", "gptq"))
     results = {}
-    for child, scheme in runs:
-        home = args.work / f"run-{child}-{scheme}"
-        shutil.rmtree(home, ignore_errors=True)
-        env = dict(
-            os.environ,
-            PREFECT_HOME=str(home / "prefect"),
-            PREFECT_LOGGING_TO_API_ENABLED="false",
-            CLEARML_OFFLINE_MODE="1",
-            CLEARML_CACHE_DIR=str(home / "clearml"),
-            COMPRESSFLOW_CACHE_DIR=str(home / "cache"),
-            HF_HUB_OFFLINE="1",
-            TOKENIZERS_PARALLELISM="false",
-        )
-        command = [
-            MODULE,
-            f"--child={child}",
-            f"--scheme={scheme}",
-            f"--model={model}",
-            f"--data={data}",
-            f"--out={home / 'out'}",
-            f"--cap-gb={args.cap_gb if scheme == 'gptq' else 0}",
-        ]
-        run = run_child(command, env, home / "log.txt")
-        results[(child, scheme)] = run
-        extra = f" {json.dumps(run.result)}" if run.result else ""
-        print(
-            f"{child} {scheme}: wall {run.wall_s:.0f} s, cpu {run.cpu_s:.0f} s, peak RSS "
-            f"{run.peak_tree_rss_mb:.0f} MB (process tree; largest process "
-            f"{run.peak_rss_mb:.0f} MB){extra}",
-            flush=True,
-        )
-        shutil.rmtree(home / "out", ignore_errors=True)
+    # A running server, as a deployment's worker has: the flow's process tree is then the flow
+    # and its calibration process, comparable with a bare script.
+    server_home = args.work / "server"
+    shutil.rmtree(server_home, ignore_errors=True)
+    server_home.mkdir(parents=True)
+    server, api_url = start_server(server_home, dict(os.environ))
+    try:
+        for child, scheme in runs:
+            results[child, scheme] = measure(args, child, scheme, model, data, api_url)
+    finally:
+        stop_server(server)
+    return report(args, results, model_bytes)
 
+
+def measure(args, child: str, scheme: str, model: Path, data: Path, api_url: str) -> ChildRun:
+    home = args.work / f"run-{child}-{scheme}"
+    shutil.rmtree(home, ignore_errors=True)
+    env = dict(
+        os.environ,
+        PREFECT_API_URL=api_url,
+        PREFECT_HOME=str(home / "prefect"),
+        PREFECT_LOGGING_TO_API_ENABLED="false",
+        CLEARML_OFFLINE_MODE="1",
+        CLEARML_CACHE_DIR=str(home / "clearml"),
+        COMPRESSFLOW_CACHE_DIR=str(home / "cache"),
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    command = [
+        MODULE,
+        f"--child={child}",
+        f"--scheme={scheme}",
+        f"--model={model}",
+        f"--data={data}",
+        f"--out={home / 'out'}",
+        f"--cap-gb={args.cap_gb if scheme == 'gptq' else 0}",
+    ]
+    run = run_child(command, env, home / "log.txt")
+    extra = f" {json.dumps(run.result)}" if run.result else ""
+    print(
+        f"{child} {scheme}: wall {run.wall_s:.0f} s, cpu {run.cpu_s:.0f} s, peak RSS "
+        f"{run.peak_tree_rss_mb:.0f} MB (process tree; largest process "
+        f"{run.peak_rss_mb:.0f} MB){extra}",
+        flush=True,
+    )
+    shutil.rmtree(home / "out", ignore_errors=True)
+    return run
+
+
+def report(args, results: dict, model_bytes: int) -> int:
     # Peaks of the whole process tree: the flow's calibration runs in a child of its own.
     fp8 = results["flow", "fp8"].peak_tree_rss_mb / results["bare", "fp8"].peak_tree_rss_mb
     gptq = results["flow", "gptq"].peak_tree_rss_mb * 2**20 / model_bytes
