@@ -168,34 +168,40 @@ def model_free_spec(recipe: RenderedRecipe) -> tuple[str | None, list[str], str]
     return scheme, [ignore] if isinstance(ignore, str) else list(ignore), ""
 
 
-def checkpoint_modules(folder: Path) -> tuple[set[str], int]:
-    """Modules with a 2-D weight in the safetensors headers, and the largest shard's bytes."""
+def checkpoint_modules(folder: Path) -> tuple[set[str], set[str], int]:
+    """From the safetensors headers: modules with a 2-D `.weight`, modules with any other
+    `.weight`, and the largest shard's bytes."""
     from safetensors import safe_open
 
-    modules: set[str] = set()
+    two_d: set[str] = set()
+    other: set[str] = set()
     largest = 0
     for file in sorted(folder.glob("*.safetensors")):
         largest = max(largest, file.stat().st_size)
         with safe_open(str(file), framework="pt") as handle:
             for name in handle.keys():
-                if name.endswith(".weight") and len(handle.get_slice(name).get_shape()) == 2:
-                    modules.add(name.rsplit(".", 1)[0])
-    return modules, largest
+                if name.endswith(".weight"):
+                    module = name.rsplit(".", 1)[0]
+                    rank = len(handle.get_slice(name).get_shape())
+                    (two_d if rank == 2 else other).add(module)
+    return two_d, other, largest
 
 
 def model_free_ignore(folder: Path, shape: Shape, ignore: list[str]) -> tuple[list[str], str]:
     """The ignore list model_free_ptq needs, or why the checkpoint's names rule it out.
 
-    model_free_ptq quantizes every 2-D `.weight` it is not told to ignore, embeddings included:
-    it sees names, not classes. The meta model knows the classes; it can only vouch for names it
+    model_free_ptq quantizes every `.weight` it is not told to ignore, except modules whose name
+    ends in "norm": it sees names, not classes. So embeddings and norms named otherwise (Falcon's
+    `ln_f`) must be listed. The meta model knows the classes; it can only vouch for names it
     has, so a checkpoint saved under other names (a vision-language model, fused experts) is not
     sent down this path.
     """
-    saved, _ = checkpoint_modules(folder)
-    unknown = saved - shape.quantizable - shape.not_linear
+    two_d, other, _ = checkpoint_modules(folder)
+    unknown = two_d - shape.quantizable - shape.not_linear
     if unknown:
         return [], f"checkpoint names differ from the model's, e.g. {sorted(unknown)[0]}"
-    return sorted(set(ignore) | (saved & shape.not_linear)), ""
+    unnamed_norms = {module for module in other if not module.endswith("norm")}
+    return sorted(set(ignore) | (two_d & shape.not_linear) | unnamed_norms), ""
 
 
 def truncated_share(lengths: list[int], batch: int) -> float:
@@ -280,7 +286,7 @@ def make_plan(
             "set calibration.path to auto or classic",
         )
     if scheme and args.path != "classic":
-        _, shard = checkpoint_modules(Path(model.path))
+        _, _, shard = checkpoint_modules(Path(model.path))
         needed = CPU_RESERVE + SHARD_FACTOR * shard
         if needed > cpu_budget and not gpu_available:
             raise ResourceError(

@@ -85,6 +85,12 @@ def layer_index(module_name: str) -> int:
     return int(match.group(1)) if match else 0
 
 
+def first_line(exc: BaseException) -> str:
+    """`Type: first non-empty line` of an exception (some start with a source dump)."""
+    first = next((line for line in str(exc).splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}: {first[:300].rstrip('.')}"
+
+
 def raised_in(exc: BaseException, function) -> bool:
     """Whether `function`'s own code is on the traceback of `exc` (False for no function)."""
     code = getattr(function, "__code__", None)
@@ -190,13 +196,21 @@ def calibrate_model_free(
         plan.model_free_scheme,
     )
     with disk_full_is_clear(staging):
-        model_free_ptq(
-            model.path,
-            staging,
-            scheme=plan.model_free_scheme,
-            ignore=plan.model_free_ignore,
-            device=plan.device,
-        )
+        try:
+            model_free_ptq(
+                model.path,
+                staging,
+                scheme=plan.model_free_scheme,
+                ignore=plan.model_free_ignore,
+                device=plan.device,
+            )
+        except (RuntimeError, ValueError, TypeError, AssertionError, KeyError) as exc:
+            raise CalibrationError(
+                "calibration.path",
+                f"llm-compressor's model_free_ptq failed on {model.model_id}: {first_line(exc)}",
+                "set calibration.path to classic (oneshot builds the model and knows its "
+                "classes), and report the architecture",
+            ) from exc
         copy_preprocessing_files(Path(model.path), staging)
     seconds = time.perf_counter() - started
     result = Calibration(
@@ -352,8 +366,7 @@ def calibrate_here(
     except (RuntimeError, ValueError, TypeError, AssertionError, KeyError) as exc:
         # What the checks before calibration could not foresee: said in the one error format,
         # with llm-compressor's own error chained below it.
-        first = next((line for line in str(exc).splitlines() if line.strip()), "")
-        cause = f"{type(exc).__name__}: {first[:300].rstrip('.')}"
+        cause = first_line(exc)
         if raised_in(exc, user_collator):
             raise CalibrationError(
                 "dataset.data_collator",
