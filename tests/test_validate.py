@@ -80,9 +80,11 @@ def test_valid_parameters_pass_without_any_weights(models, tmp_path):
         "architecture",
         "dataset",
         "output",
+        "memory",
         "traceability",
     ]
-    assert "3 subgraphs" in report.checks[5].detail
+    assert report.checks[5].detail.startswith("classic path, weights on cpu, computed on cpu")
+    assert "3 subgraphs" in report.checks[6].detail
     assert not (tmp_path / "out").exists()
 
 
