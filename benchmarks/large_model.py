@@ -124,6 +124,7 @@ def flow_child(args) -> None:
         ModelArgs,
         OutputArgs,
         RecipeArgs,
+        VerifyArgs,
     )
 
     published = compress(
@@ -132,6 +133,11 @@ def flow_child(args) -> None:
         recipe=RecipeArgs(recipe="W4A16" if args.scheme == "gptq" else "FP8_DYNAMIC"),
         output=OutputArgs(save_directory=args.out),
         calibration=CalibrationArgs(max_cpu_memory_gb=args.cap_gb),
+        # 4-bit GPTQ on 20 layers of random weights moves the logits more than the default
+        # floor allows (cosine 0.74, top-1 14%, measured); real weights are what the floor is
+        # for. Verification still runs here, its figures are printed, and it loads the way
+        # calibration did, so its memory is in the peak.
+        verify=VerifyArgs(min_cosine=0.5, max_kl=2.0, min_top1=0.05),
     )
     manifest = json.loads((Path(published.path) / "manifest.json").read_text())
     print_result(
@@ -149,6 +155,7 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=20)
     parser.add_argument("--cap-gb", type=float, default=2.3)
     parser.add_argument("--skip-bare-gptq", action="store_true")
+    parser.add_argument("--only", choices=["fp8", "gptq"], help="run one scheme's variants")
     parser.add_argument("--child", choices=["bare", "flow", "build"])
     parser.add_argument("--scheme", choices=["fp8", "gptq"])
     parser.add_argument("--model")
@@ -189,6 +196,8 @@ def main() -> int:
     runs = [("bare", "fp8"), ("flow", "fp8"), ("flow", "gptq")]
     if not args.skip_bare_gptq:
         runs.insert(2, ("bare", "gptq"))
+    if args.only:
+        runs = [run for run in runs if run[1] == args.only]
     results = {}
     # A running server, as a deployment's worker has: the flow's process tree is then the flow
     # and its calibration process, comparable with a bare script.
@@ -241,18 +250,23 @@ def measure(args, child: str, scheme: str, model: Path, data: Path, api_url: str
 
 def report(args, results: dict, model_bytes: int) -> int:
     # Peaks of the whole process tree: the flow's calibration runs in a child of its own.
-    fp8 = results["flow", "fp8"].peak_tree_rss_mb / results["bare", "fp8"].peak_tree_rss_mb
-    gptq = results["flow", "gptq"].peak_tree_rss_mb * 2**20 / model_bytes
-    print(f"flow FP8 / bare FP8 peak RSS: {fp8:.2f} (target <= {TARGET_FP8_RSS_RATIO})")
-    print(
-        f"flow GPTQ (cap {args.cap_gb} GiB) peak RSS / model bytes: {gptq:.2f} "
-        f"(target <= {TARGET_GPTQ_RSS_OF_MODEL})"
-    )
+    met = True
+    if ("flow", "fp8") in results:
+        fp8 = results["flow", "fp8"].peak_tree_rss_mb / results["bare", "fp8"].peak_tree_rss_mb
+        print(f"flow FP8 / bare FP8 peak RSS: {fp8:.2f} (target <= {TARGET_FP8_RSS_RATIO})")
+        met = fp8 <= TARGET_FP8_RSS_RATIO
+    if ("flow", "gptq") in results:
+        gptq = results["flow", "gptq"].peak_tree_rss_mb * 2**20 / model_bytes
+        print(
+            f"flow GPTQ (cap {args.cap_gb} GiB) peak RSS / model bytes: {gptq:.2f} "
+            f"(target <= {TARGET_GPTQ_RSS_OF_MODEL})"
+        )
+        met = met and gptq <= TARGET_GPTQ_RSS_OF_MODEL
     if ("bare", "gptq") in results:
         wall = results["flow", "gptq"].wall_s / results["bare", "gptq"].wall_s
         rss = results["flow", "gptq"].peak_tree_rss_mb / results["bare", "gptq"].peak_tree_rss_mb
         print(f"flow GPTQ (disk) / bare GPTQ (in memory): wall {wall:.2f}, peak RSS {rss:.2f}")
-    return 0 if fp8 <= TARGET_FP8_RSS_RATIO and gptq <= TARGET_GPTQ_RSS_OF_MODEL else 1
+    return 0 if met else 1
 
 
 if __name__ == "__main__":
