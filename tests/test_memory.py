@@ -260,6 +260,21 @@ def test_a_cap_below_the_weights_calibrates_from_disk_and_publishes_a_verified_m
     assert manifest["verification"]["passed"]
     assert not list(tmp_path.glob(".*offload*")), "offload folder left behind"
     assert_published_model_matches_base(target, tiny_model, "AutoModelForCausalLM")
+    # Reading weights from disk changes where they live, not what GPTQ computes from them.
+    in_memory_target, _ = tiny_run(
+        tiny_model, tmp_path / "in-memory", "W4A16", CalibrationArgs(batch_size=1)
+    )
+    assert tensors(target) == tensors(in_memory_target)
+
+
+def tensors(folder: Path) -> dict[str, bytes]:
+    from safetensors.torch import load_file
+
+    return {
+        name: tensor.numpy().tobytes()
+        for file in sorted(folder.glob("*.safetensors"))
+        for name, tensor in load_file(file).items()
+    }
 
 
 def test_the_chosen_knobs_are_in_the_manifest(prefect_harness, tiny_model, tmp_path):
