@@ -144,8 +144,9 @@ class CalibrationArgs(_Args):
         default=0,
         ge=0,
         le=512,
-        description="Calibration samples per forward pass; 0 picks up to 16 from the memory plan. "
-        "Samples are batched by length, so few tokens are truncated.",
+        description="Calibration samples per forward pass; 0 picks the largest of 16, 8, 4, 2 "
+        "that fits in memory and cuts at most 2% of the tokens (each batch is cut to its "
+        "shortest sample).",
     )
     sequential_prefetch: Literal["auto", "on", "off"] = Field(
         default="auto",

@@ -265,12 +265,8 @@ def calibrate(
 
 def report(result: Calibration) -> None:
     log = run_logger(__name__)
-    log.info(
-        "Calibrated %d module(s) in %.1f s; peak RSS %.0f MB",
-        len(result.modules),
-        result.seconds,
-        result.peak_rss_mb,
-    )
+    what = f"Calibrated {len(result.modules)} module(s)" if result.modules else "Quantized"
+    log.info("%s in %.1f s; peak RSS %.0f MB", what, result.seconds, result.peak_rss_mb)
     tracker = tracking.current()
     for module in result.modules:
         series = module.name.rsplit(".", 1)[-1]
