@@ -56,14 +56,16 @@ class ChildRun:
     peak_rss_mb: float  # the largest single process of the tree (what ru_maxrss reports)
     load_before: float  # 1-minute load average when the child started
     result: dict
-    peak_tree_rss_mb: float = 0.0  # the most the whole process tree held at once (sampled)
+    peak_tree_rss_mb: float = 0.0  # the most the whole process tree held at once (PSS, sampled)
 
 
 class TreeSampler(threading.Thread):
-    """Samples the summed RSS of a process and its descendants every 50 ms.
+    """Samples the summed PSS of a process and its descendants every 50 ms.
 
     ru_maxrss is per process: a flow whose calibration runs in a child (or a Prefect temporary
-    server beside it) would hide memory held by two processes at once. The sum is what the
+    server beside it) would hide memory held by two processes at once. Summing RSS would count
+    twice the pages a forked child shares with its forkserver (torch and llm-compressor, imported
+    once); PSS splits shared pages among the processes sharing them, so the sum is what the
     machine must have.
     """
 
@@ -81,7 +83,7 @@ class TreeSampler(threading.Thread):
                 total = 0
                 for process in tree:
                     try:
-                        total += process.memory_info().rss
+                        total += process.memory_full_info().pss
                     except psutil.Error:  # exited between listing and reading
                         pass
                 self.peak = max(self.peak, total)
