@@ -326,3 +326,17 @@ def test_a_timeout_stops_calibration_and_its_process(
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # the calibration process is gone, not left running
     assert not (tmp_path / "out").exists()
+
+
+def test_a_cap_nothing_fits_under_is_refused_by_validate_without_weights(tiny_model, tmp_path):
+    with pytest.raises(ResourceError) as raised:
+        validate(
+            model={"model_id": str(tiny_model)},
+            dataset={"text_samples": 16, "max_seq_len": 64},
+            output={"save_directory": str(tmp_path / "out")},
+            calibration={"max_cpu_memory_gb": 1},
+        )
+    message = str(raised.value)
+    assert message.startswith("calibration.max_cpu_memory_gb: calibrating ")
+    assert "but the plan may use 1.00 GiB" in message and "Fix:" in message
+    assert not (tmp_path / "out").exists()
