@@ -14,6 +14,7 @@ from prefect import flow
 from compressflow.blocks.clearml_settings import load_clearml_settings
 from compressflow.events import emit_published
 from compressflow.flows.checks import check_before_calibration, resolve_inputs
+from compressflow.isolation import warm_up
 from compressflow.locks import output_lock
 from compressflow.logs import run_logger
 from compressflow.manifest import (
@@ -93,6 +94,7 @@ def run_stages(
     """The pipeline: cheap stages first, so mistakes fail before any weights load."""
     log = run_logger(__name__)
     stages = Stages()
+    warm_up()  # calibration's process starts from it; its imports overlap the cheap stages
     resolved = resolve_inputs(stages.run, model, dataset, recipe, output, calibration)
     target = resolved.target
     # One writer per output: a second run waits here, then reuses what the first published
