@@ -64,15 +64,11 @@ class Shape:
     not_linear: frozenset[str]  # modules with a 2-D weight that is not (embeddings, ...)
 
 
-def text_config(config):
-    return getattr(config, "text_config", None) or config
-
-
 def model_shape(meta, config, layer_classes: list[str]) -> Shape:
     """Sizes from a model built on the meta device (see compressflow.tracing.meta_model)."""
     import torch
 
-    text = text_config(config)
+    text = config.get_text_config()  # vision-language configs nest the language model's
     hidden = getattr(text, "hidden_size", 0) or 0
     layers = [m for m in meta.modules() if type(m).__name__ in layer_classes] or [meta]
 
@@ -235,7 +231,9 @@ def weight_bytes(model: FetchedModel, config, parameters: int) -> tuple[int, flo
     folder = Path(model.path)
     if any(folder.glob("*.safetensors")) or any(folder.glob("*.bin")):
         return model.size_bytes, model.size_bytes / max(parameters, 1)
-    dtype = str(getattr(text_config(config), "dtype", None) or getattr(config, "dtype", "bfloat16"))
+    dtype = str(
+        getattr(config.get_text_config(), "dtype", None) or getattr(config, "dtype", "bfloat16")
+    )
     per = DTYPE_BYTES.get(dtype.replace("torch.", ""), 2)
     return parameters * per, per
 

@@ -56,6 +56,9 @@ BF16_BYTES = 2 * LLAMA_8B.parameters
 class Config:
     dtype = "bfloat16"
 
+    def get_text_config(self):
+        return self
+
 
 def model_8b(tmp_path) -> FetchedModel:
     return FetchedModel(
