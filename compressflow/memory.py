@@ -59,7 +59,7 @@ class Shape:
     heads: int
     largest_layer: int  # parameters of the largest sequential layer
     largest_state: int  # Hessian elements of that layer (float32)
-    largest_module: int  # the largest weight's elements (GPTQ works on a float32 copy)
+    largest_module: int  # the largest layer's largest Linear weight (GPTQ works on a float32 copy)
     quantizable: frozenset[str]  # modules whose 2-D weight is an nn.Linear's
     not_linear: frozenset[str]  # modules with a 2-D weight that is not (embeddings, ...)
 
@@ -97,7 +97,11 @@ def model_shape(meta, config, layer_classes: list[str]) -> Shape:
         heads=getattr(text, "num_attention_heads", 0) or 1,
         largest_layer=sum(p.numel() for p in largest.parameters()),
         largest_state=max(state(layer) for layer in layers),
-        largest_module=max((p.numel() for p in meta.parameters()), default=0),
+        # The Linear GPTQ quantizes, not the embedding (Llama-3 8B's is 4x larger than any).
+        largest_module=max(
+            (m.weight.numel() for m in largest.modules() if isinstance(m, torch.nn.Linear)),
+            default=0,
+        ),
         quantizable=frozenset(linear),
         not_linear=frozenset(two_d - linear),
     )
