@@ -27,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from compressflow.checkpoint import tensor_index
 from compressflow.errors import ResourceError
 from compressflow.params import CalibrationArgs
 from compressflow.results import BuiltDataset, FetchedModel, MemoryPlan, RenderedRecipe, gib
@@ -173,19 +174,13 @@ def model_free_spec(recipe: RenderedRecipe) -> tuple[str | None, list[str], str]
 def checkpoint_modules(folder: Path) -> tuple[set[str], set[str], int]:
     """From the safetensors headers: modules with a 2-D `.weight`, modules with any other
     `.weight`, and the largest shard's bytes."""
-    from safetensors import safe_open
-
     two_d: set[str] = set()
     other: set[str] = set()
-    largest = 0
-    for file in sorted(folder.glob("*.safetensors")):
-        largest = max(largest, file.stat().st_size)
-        with safe_open(str(file), framework="pt") as handle:
-            for name in handle.keys():
-                if name.endswith(".weight"):
-                    module = name.rsplit(".", 1)[0]
-                    rank = len(handle.get_slice(name).get_shape())
-                    (two_d if rank == 2 else other).add(module)
+    index = tensor_index(folder)
+    for name, info in index.items():
+        if name.endswith(".weight"):
+            (two_d if len(info.shape) == 2 else other).add(name.rsplit(".", 1)[0])
+    largest = max((file.stat().st_size for file in {i.file for i in index.values()}), default=0)
     return two_d, other, largest
 
 

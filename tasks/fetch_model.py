@@ -21,6 +21,7 @@ from prefect import task
 
 from compressflow import tracking
 from compressflow.caching import CACHE_EXPIRATION, LocalSourceAware
+from compressflow.checkpoint import tensor_index
 from compressflow.disk_space import folder_size
 from compressflow.errors import HubUnavailableError, ModelFetchError
 from compressflow.logs import run_logger
@@ -333,16 +334,8 @@ def check_weight_files(path: Path) -> None:
 
 def parameter_count(path: Path) -> int | None:
     """Parameters counted from safetensors headers (no weights read); None for other formats."""
-    from safetensors import safe_open
-
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        return None
-    total = 0
-    for file in files:
-        with safe_open(str(file), framework="pt") as handle:
-            total += sum(math.prod(handle.get_slice(name).get_shape()) for name in handle.keys())
-    return total
+    index = tensor_index(path)
+    return sum(math.prod(info.shape) for info in index.values()) if index else None
 
 
 @task(

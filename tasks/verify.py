@@ -33,6 +33,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from compressflow import tracking
+from compressflow.checkpoint import tensor_index
 from compressflow.compat import patch_reloads
 from compressflow.errors import VerificationError
 from compressflow.logs import run_logger
@@ -77,16 +78,7 @@ FIXES = {
 
 def safetensors_names(folder: Path) -> set[str] | None:
     """Tensor names from the safetensors headers (no weights read); None when there are none."""
-    from safetensors import safe_open
-
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        return None
-    names: set[str] = set()
-    for file in files:
-        with safe_open(str(file), framework="pt") as handle:
-            names.update(handle.keys())
-    return names
+    return set(tensor_index(folder)) or None
 
 
 def check_quantization_config(staging: Path, recipe: RenderedRecipe) -> VerificationCheck:
@@ -213,10 +205,7 @@ def check_weights(staging: Path, source: Path) -> VerificationCheck:
     """Every FP8 weight, dequantized, against the source's, one shard at a time."""
     from safetensors import safe_open
 
-    where = {}
-    for file in sorted(source.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as handle:
-            where.update(dict.fromkeys(handle.keys(), file))
+    where = {name: info.file for name, info in tensor_index(source).items()}
     worst, worst_name, checked, unchecked = 0.0, "", 0, 0
     for file in sorted(staging.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as handle:
