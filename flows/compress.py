@@ -34,7 +34,7 @@ from compressflow.params import (
 )
 from compressflow.results import PublishedModel
 from compressflow.stages import Stages
-from compressflow.tasks.calibrate import calibrate
+from compressflow.tasks.calibrate import calibrate, calibrate_here
 from compressflow.tasks.publish import publish
 from compressflow.tasks.verify import verify
 from compressflow.tracking import track_flow_run
@@ -94,7 +94,7 @@ def run_stages(
     """The pipeline: cheap stages first, so mistakes fail before any weights load."""
     log = run_logger(__name__)
     stages = Stages()
-    warm_up()  # calibration's process starts from it; its imports overlap the cheap stages
+    warm_up(calibrate_here)  # calibration's process forks from it; imports overlap cheap stages
     resolved = resolve_inputs(stages.run, model, dataset, recipe, output, calibration)
     target = resolved.target
     # One writer per output: a second run waits here, then reuses what the first published
