@@ -39,9 +39,9 @@ class ClearMLSettings(Block):
     )
 
 
-def load_clearml_settings(block_name: str | None) -> ClearMLSettings | None:
+def load_clearml_settings(block_name: str) -> ClearMLSettings | None:
     """The block a run's `tracking.clearml_block` names; None when it names none."""
-    if block_name is None:
+    if not block_name:
         return None
     try:
         return ClearMLSettings.load(block_name)

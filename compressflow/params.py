@@ -10,16 +10,37 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from compressflow.registries.presets import PRESETS
 
 # `module:function`, never serialized source: loaders are imported, not executed from text.
 DEFAULT_MODEL_CLASS = "AutoModelForCausalLM"
-IMPORT_PATH_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+IMPORT_PATH_OR_EMPTY = r"^([A-Za-z_][\w.]*:[A-Za-z_]\w*)?$"
 
 
 class _Args(BaseModel):
     # Unknown keys are typos in a deployment's parameters: refuse them instead of ignoring them.
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _none_means_default(cls, data: Any) -> Any:
+        """Optional text and list fields are "" or [] when unset, not None: the Prefect UI shows a
+        `str | None` type toggle for None-able fields. Callers that still pass None get the
+        default."""
+        if not isinstance(data, dict):
+            return data
+        return {
+            key: value
+            for key, value in data.items()
+            if value is not None or key not in cls.model_fields or _allows_none(cls, key)
+        }
+
+
+def _allows_none(model: type[BaseModel], name: str) -> bool:
+    return model.model_fields[name].default is None
 
 
 class ModelArgs(_Args):
@@ -31,10 +52,10 @@ class ModelArgs(_Args):
     clearml_model: bool = Field(
         default=False, description="model_id is a ClearML model id, fetched with the ClearML SDK."
     )
-    revision: str | None = Field(
-        default=None,
-        description="Hub branch, tag or commit to fetch. The resolved commit sha is recorded "
-        "either way; pin a sha for reproducible runs.",
+    revision: str = Field(
+        default="",
+        description="Hub branch, tag or commit to fetch (empty: main). The resolved commit sha is "
+        "recorded either way; pin a sha for reproducible runs.",
     )
     trust_remote_code: bool = Field(
         default=False,
@@ -46,10 +67,10 @@ class ModelArgs(_Args):
         description="transformers class used to load the model; with the default, a model "
         "AutoModelForCausalLM cannot load (e.g. vision-language) uses the class its config names.",
     )
-    hub_token_block: str | None = Field(
-        default=None,
+    hub_token_block: str = Field(
+        default="",
         description="Name of a Prefect Secret block holding a Hugging Face token (the name, never "
-        "the token). Without it, HF_TOKEN from the worker's environment is used.",
+        "the token). Empty: HF_TOKEN from the worker's environment, if set.",
     )
 
 
@@ -62,22 +83,22 @@ class TextSourceArgs(_Args):
         description="A registered shortcut (see compressflow.registries.datasets), a hub dataset "
         "id, or a local .txt/.jsonl/.json/.parquet file.",
     )
-    dataset_config_name: str | None = Field(
-        default=None, description="Hub dataset configuration (subset) name."
+    dataset_config_name: str = Field(
+        default="", description="Hub dataset configuration (subset) name; empty: the default one."
     )
-    split: str | None = Field(
-        default=None, description="Split to sample from; a shortcut's default when empty."
+    split: str = Field(
+        default="", description="Split to sample from; empty: a shortcut's default, else train."
     )
-    text_column: str | None = Field(
-        default=None,
+    text_column: str = Field(
+        default="",
         description="Column holding the text or the chat messages; a shortcut's default, else "
         "'text' or 'messages' when present.",
     )
-    dataset_loader: str | None = Field(
-        default=None,
-        pattern=IMPORT_PATH_PATTERN,
+    dataset_loader: str = Field(
+        default="",
+        pattern=IMPORT_PATH_OR_EMPTY,
         description="`module:function` returning a datasets.Dataset, called with the DatasetArgs; "
-        "replaces the built-in loading.",
+        "replaces the built-in loading. Empty: the built-in loading.",
     )
 
 
@@ -90,40 +111,82 @@ class DatasetArgs(TextSourceArgs):
     )
     max_seq_len: int = Field(default=2048, gt=0, description="Maximum tokens per sample.")
     seed: int = Field(default=42, description="Seed for sampling rows: same seed, same samples.")
-    data_collator: str | None = Field(
-        default=None,
-        pattern=IMPORT_PATH_PATTERN,
-        description="`module:function` used as oneshot's data_collator.",
+    data_collator: str = Field(
+        default="",
+        pattern=IMPORT_PATH_OR_EMPTY,
+        description="`module:function` used as oneshot's data_collator; empty: the default.",
     )
 
 
-RecipeForm = str | dict[str, Any] | list[dict[str, Any]]
+PresetName = Literal[tuple(PRESETS)]  # type: ignore[valid-type]
+
+
+def _preset_help() -> str:
+    lines = ["A named recipe (below); `recipe_args` override its placeholders' defaults."]
+    for name, preset in PRESETS.items():
+        defaults = ", ".join(f"`{key}`={value!r}" for key, value in preset.defaults().items())
+        lines.append(f"- **{name}**: {preset.description} Placeholders: {defaults or 'none'}.")
+    return "\n".join(lines)
 
 
 class RecipeArgs(_Args):
-    recipe: RecipeForm = Field(
-        default="W4A16",
-        description="A preset name (W4A16, W8A8, FP8_DYNAMIC), YAML text, a path to a YAML file, "
-        "a dict, or a list of modifier dicts.",
+    preset: PresetName = Field(default="W4A16", description=_preset_help())
+    recipe: str = Field(
+        default="",
+        description="Your own recipe instead of the preset: YAML text or the path of a .yaml "
+        "file (from Python also a dict, or a list of modifier dicts). Empty: the preset is used.",
     )
     recipe_args: dict[str, Any] = Field(
         default_factory=dict,
-        description="Values for the recipe's $name placeholders; each is inserted as a YAML value "
-        "(numbers stay numbers, lists stay lists).",
+        description="Values for the recipe's `$name` placeholders; each is inserted as a YAML "
+        "value (numbers stay numbers, lists stay lists).",
     )
-    pipeline: Literal["independent", "sequential", "basic", "datafree"] | None = Field(
-        default=None,
-        description="Calibration pipeline; llm-compressor picks one from the recipe when empty.",
+    pipeline: Literal["auto", "independent", "sequential", "basic", "datafree"] = Field(
+        default="auto",
+        description="Calibration pipeline; auto: llm-compressor picks one from the recipe.",
     )
-    sequential_targets: list[str] | None = Field(
-        default=None,
+    sequential_targets: list[str] = Field(
+        default_factory=list,
         description="Module class names calibrated one at a time by the sequential pipeline "
-        "(default: the model's decoder layer).",
+        "(empty: the model's decoder layer).",
     )
-    tracing_ignore: list[str] | None = Field(
-        default=None,
-        description="Function or module names the tracer skips; add the one a trace error names.",
+    tracing_ignore: list[str] = Field(
+        default_factory=list,
+        description="Function or module names the tracer skips (empty: llm-compressor's "
+        "defaults); add the one a trace error names.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_forms(cls, data: Any) -> Any:
+        """`recipe: W4A16` (the seed's form: a preset name in `recipe`) selects the preset, and a
+        preset name in any case is accepted."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        canonical = {name.lower(): name for name in PRESETS}
+        recipe = data.get("recipe")
+        if isinstance(recipe, str) and recipe.strip().lower() in canonical:
+            data["preset"], data["recipe"] = canonical[recipe.strip().lower()], ""
+        if isinstance(data.get("preset"), str):
+            data["preset"] = canonical.get(data["preset"].strip().lower(), data["preset"])
+        return data
+
+    @field_validator("recipe", mode="before")
+    @classmethod
+    def _structured_recipe_as_yaml(cls, value: Any) -> Any:
+        # One stored form: the UI edits text, and a deployment's schema then checks a string.
+        if isinstance(value, (dict, list)):
+            return yaml.safe_dump(value, sort_keys=False)
+        return value
+
+    def source(self) -> str:
+        """What renders: the user's own recipe when given, else the preset's name."""
+        return self.recipe or self.preset
+
+    def label(self) -> str:
+        """The preset's name, or "custom": names runs, artifacts and ClearML tasks."""
+        return "custom" if self.recipe else self.preset
 
 
 class CalibrationArgs(_Args):
@@ -183,12 +246,15 @@ class CalibrationArgs(_Args):
 
 
 class OutputArgs(_Args):
-    save_directory: str | None = Field(
-        default=None,
-        description="Where the compressed model is published. Default: "
-        "$COMPRESSFLOW_OUTPUT_DIR (or ./outputs)/<model>-<scheme>.",
+    save_directory: str = Field(
+        default="",
+        description="Where the compressed model is published. Empty: a folder named "
+        "MODEL-SCHEME under $COMPRESSFLOW_OUTPUT_DIR (or ./outputs).",
     )
-    tags: list[str] = Field(default_factory=list, description="Tags for ClearML and the manifest.")
+    tags: list[str] = Field(
+        default_factory=list,
+        description="Tags for the Prefect run, ClearML and the manifest (the scheme is added).",
+    )
     save_compressed: bool = Field(
         default=True, description="Save in compressed-tensors format (what vLLM serves)."
     )
@@ -205,16 +271,16 @@ class OutputArgs(_Args):
 
 class TrackingArgs(_Args):
     enabled: bool = Field(default=True, description="Log the run to ClearML.")
-    clearml_block: str | None = Field(
-        default=None,
-        description="Name of a ClearMLSettings block. Without one (and without CLEARML_* "
-        "environment variables) ClearML runs in offline mode.",
+    clearml_block: str = Field(
+        default="",
+        description="Name of a ClearMLSettings block. Empty (and without CLEARML_* environment "
+        "variables): ClearML runs in offline mode.",
     )
-    project_name: str | None = Field(
-        default=None, description="ClearML project; the block's default project when empty."
+    project_name: str = Field(
+        default="", description="ClearML project; empty: the block's default project."
     )
-    task_name: str | None = Field(
-        default=None, description="ClearML task name; '<model> <scheme>' when empty."
+    task_name: str = Field(
+        default="", description="ClearML task name; empty: the model's name and the scheme."
     )
 
 
@@ -273,17 +339,16 @@ class HeldOutArgs(TextSourceArgs):
 
 
 class QualityGate(_Args):
-    max_perplexity_increase_pct: float | None = Field(
+    max_perplexity_increase_pct: float = Field(
         default=10.0,
         ge=0,
         description="Largest allowed perplexity increase over the base model, in percent "
-        "(empty: no limit).",
+        "(0: no limit).",
     )
-    max_kl: float | None = Field(
+    max_kl: float = Field(
         default=0.1,
         ge=0,
-        description="Largest allowed mean KL(base || compressed) per token, in nats "
-        "(empty: no limit).",
+        description="Largest allowed mean KL(base || compressed) per token, in nats (0: no limit).",
     )
     on_threshold: Literal["fail", "flag"] = Field(
         default="fail",
@@ -298,9 +363,7 @@ class LmEvalArgs(_Args):
         description="lm-eval-harness task names (e.g. hellaswag) run on both models; needs "
         "lm-eval installed on the worker and the tasks' datasets reachable.",
     )
-    limit: int | None = Field(
-        default=None, gt=0, description="Examples per lm-eval task (empty: all of them)."
-    )
+    limit: int = Field(default=0, ge=0, description="Examples per lm-eval task (0: all of them).")
 
 
 # sweep-recipe
@@ -321,9 +384,7 @@ class SearchSpace(_Args):
     strategy: Literal["grid", "random"] = Field(
         default="grid", description="grid: every combination; random: `budget` of them."
     )
-    budget: int | None = Field(
-        default=None, gt=0, description="Random search: how many points (default: all)."
-    )
+    budget: int = Field(default=0, ge=0, description="Random search: how many points (0: all).")
     seed: int = Field(default=0, description="Random search: which points are drawn.")
 
 
@@ -331,7 +392,9 @@ class Objective(_Args):
     metric: Literal[METRICS] = Field(  # type: ignore[valid-type]
         default="kl_divergence", description="An evaluate-model metric to rank points by."
     )
-    direction: Literal["minimize", "maximize"] = Field(default="minimize")
+    direction: Literal["minimize", "maximize"] = Field(
+        default="minimize", description="Whether the best point has the lowest or highest metric."
+    )
 
 
 class Deployments(_Args):

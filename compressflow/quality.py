@@ -70,11 +70,11 @@ def score(base, compressed, input_ids: list[list[int]]) -> QualityMetrics:
 
 
 def breaches(
-    metrics: QualityMetrics, max_perplexity_increase_pct: float | None, max_kl: float | None
+    metrics: QualityMetrics, max_perplexity_increase_pct: float, max_kl: float
 ) -> list[str]:
     """One line per threshold the metrics pass; empty when the model is within bounds."""
     found = []
-    if max_perplexity_increase_pct is not None and (
+    if max_perplexity_increase_pct and (
         metrics.perplexity_increase_pct > max_perplexity_increase_pct
         or not math.isfinite(metrics.compressed_perplexity)
     ):
@@ -82,7 +82,7 @@ def breaches(
             f"perplexity rose {metrics.perplexity_increase_pct:.2f}% "
             f"(limit {max_perplexity_increase_pct}%)"
         )
-    if max_kl is not None and not metrics.kl_divergence <= max_kl:  # NaN counts as a breach
+    if max_kl and not metrics.kl_divergence <= max_kl:  # NaN counts as a breach
         found.append(f"KL divergence {metrics.kl_divergence:.5f} nats/token (limit {max_kl})")
     return found
 

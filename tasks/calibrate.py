@@ -341,7 +341,7 @@ def calibrate_here(
             sequential_offload_device=plan.sequential_offload_device,
             moe_calibrate_all_experts=plan.moe_calibrate_all_experts,
         )
-    if args.pipeline:
+    if args.pipeline != "auto":
         kwargs["pipeline"] = args.pipeline
     if targets := args.sequential_targets or recipe.sequential_targets:
         kwargs["sequential_targets"] = targets

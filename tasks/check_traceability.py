@@ -289,7 +289,7 @@ def check_traceability(
             first_sample(dataset),
             model_class=model.model_class,
             sequential_targets=args.sequential_targets or recipe.sequential_targets,
-            tracing_ignore=args.tracing_ignore,
+            tracing_ignore=args.tracing_ignore or None,
             trust_remote_code=model.trust_remote_code,
         )
     except TraceabilityError as exc:

@@ -1,8 +1,9 @@
 """Render recipe: turns any accepted recipe form into one validated llm-compressor recipe.
 
-Accepted forms (`RecipeArgs.recipe`): a preset name from `tasks.recipe_presets` (any case), YAML
-text, a path to a .yaml/.yml file, a recipe dict (`<name>_stage: <group>_modifiers: {Modifier:
-kwargs}`), or a list of `{Modifier: kwargs}` dicts, which becomes one stage.
+Accepted forms: `RecipeArgs.preset` (a name from `compressflow.registries.presets`), or in
+`RecipeArgs.recipe` YAML text or a path to a .yaml/.yml file holding a recipe mapping
+(`<name>_stage: <group>_modifiers: {Modifier: kwargs}`) or a list of `{Modifier: kwargs}`, which
+becomes one stage (a dict or list given from Python arrives as YAML text).
 
 Steps, each a plain function so they can be tested without Prefect:
 1. `load_recipe`: the form becomes parsed YAML data (YAML only through `yaml.safe_load`).
@@ -34,7 +35,7 @@ from compressflow import tracking
 from compressflow.caching import CACHE_EXPIRATION, LocalSourceAware
 from compressflow.errors import RecipeError
 from compressflow.logs import run_logger
-from compressflow.params import RecipeArgs, RecipeForm
+from compressflow.params import RecipeArgs
 from compressflow.recipe_tree import dump_recipe, first_scheme, iter_modifiers
 from compressflow.registries.presets import PRESETS, Preset
 from compressflow.results import RenderedRecipe
@@ -101,12 +102,11 @@ def _not_a_recipe(text: str, parsed: Any) -> RecipeError:
     )
 
 
-def load_recipe(recipe: RecipeForm) -> tuple[Any, str, str | None]:
-    """Parsed recipe data, its source label, and the name of the preset it came from (if one)."""
-    if isinstance(recipe, (dict, list)):
-        # Copied: substitution and migration must not change the caller's parameters.
-        return copy.deepcopy(recipe), type(recipe).__name__, None
+def load_recipe(recipe: str) -> tuple[Any, str, str | None]:
+    """Parsed recipe data, its source label, and the name of the preset it came from (if one).
 
+    A dict or list recipe arrives as YAML text: RecipeArgs stores every recipe as text.
+    """
     preset = find_preset(recipe)
     if preset:
         name, found = preset
@@ -427,7 +427,7 @@ def validate(recipe: dict[str, Any]) -> list[Modifier]:
 
 def render(args: RecipeArgs) -> RenderedRecipe:
     """Every step, without Prefect or ClearML: what the task returns."""
-    data, source, preset_name = load_recipe(args.recipe)
+    data, source, preset_name = load_recipe(args.source())
     values = dict(args.recipe_args)
     if preset_name:
         values = effective_args(preset_name, values)

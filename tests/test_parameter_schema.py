@@ -4,13 +4,16 @@ Every deployment in prefect.yaml enforces its schema, and every preset's paramet
 enforcement on, the Prefect server refuses (409) a run whose parameters break the schema, so a bad
 value typed into the UI's form or passed to `prefect deployment run` never starts a flow run.
 
-What the schema cannot catch: `recipe.recipe` is free-form (preset name, YAML, path, dict or list),
-so an unknown preset name passes the schema; the flow's first stage (render recipe, before any
-download) refuses it, naming the nearest preset.
+The form itself: `recipe.preset` is a dropdown of the presets; a recipe of one's own goes in the
+free-form `recipe.recipe` (YAML or a path), which the schema cannot check: the flow's first stage
+(render recipe, before any download) refuses a bad one. No field of a form is
+`X | None` (the UI would show a type toggle and "Property is type None"), and every description
+survives the UI's markdown rendering with no text lost (an `<model>` would vanish as an HTML tag).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -46,19 +49,77 @@ def test_each_deployment_enforces_its_schema_and_its_parameters_fit(spec):
 def test_the_form_shows_limits_and_choices():
     definitions = schema_of("flows/compress.py:compress")["definitions"]
     assert definitions["DatasetArgs"]["properties"]["text_samples"]["minimum"] == 0
-    pipeline = definitions["RecipeArgs"]["properties"]["pipeline"]
-    assert "sequential" in next(choice["enum"] for choice in pipeline["anyOf"] if "enum" in choice)
+    recipe = definitions["RecipeArgs"]["properties"]
+    assert recipe["preset"]["enum"][:3] == ["W4A16", "W8A8", "FP8_DYNAMIC"]
+    assert recipe["preset"]["default"] == "W4A16"
+    assert recipe["recipe"]["type"] == "string", "one text field: no str/dict/list toggle"
+    assert "sequential" in recipe["pipeline"]["enum"]
     assert definitions["DatasetArgs"]["additionalProperties"] is False
     calibration = definitions["CalibrationArgs"]["properties"]
     assert calibration["path"]["enum"] == ["auto", "classic", "model_free"]
     assert calibration["max_cpu_memory_gb"]["minimum"] == 0
     assert calibration["sequential_prefetch"]["enum"] == ["auto", "on", "off"]
-    # Every knob explains itself in the form, with no text the UI would strip as HTML.
-    assert all(
-        field["description"] and "<" not in field["description"] for field in calibration.values()
-    )
     gate = schema_of("flows/evaluate.py:evaluate")["definitions"]["QualityGate"]["properties"]
     assert gate["on_threshold"]["enum"] == ["fail", "flag"]
+
+
+def test_every_preset_shows_its_placeholders_and_defaults_in_the_form():
+    from compressflow.registries.presets import PRESETS
+
+    help_text = schema_of("flows/compress.py:compress")["definitions"]["RecipeArgs"]["properties"][
+        "preset"
+    ]["description"]
+    for name, preset in PRESETS.items():
+        assert f"**{name}**" in help_text
+        for placeholder, default in preset.defaults().items():
+            assert f"`{placeholder}`={default!r}" in help_text
+
+
+def form_fields():
+    return [
+        (f"{entrypoint.split(':')[1]}.{name}", field)
+        for entrypoint in sorted({d["entrypoint"] for d in DEPLOYMENTS})
+        for name, field in fields_of(entrypoint)
+    ]
+
+
+def fields_of(entrypoint: str):
+    definitions = schema_of(entrypoint)["definitions"]
+    return [
+        (f"{group}.{name}", field)
+        for group, model in definitions.items()
+        for name, field in model["properties"].items()
+    ]
+
+
+@pytest.mark.parametrize("name, field", form_fields(), ids=[n for n, _ in form_fields()])
+def test_no_field_of_a_form_is_optional_none(name, field):
+    assert "anyOf" not in field, f"{name} renders as a type toggle: {field['anyOf']}"
+
+
+def visible_text(markdown: str) -> str:
+    """What the UI shows of a description: its markdown rendered, HTML tags dropped."""
+    from markdown_it import MarkdownIt
+
+    html = MarkdownIt().render(markdown)
+    text = re.sub(r"<[^>]*>", "", html)
+    for entity, char in (("&lt;", "<"), ("&gt;", ">"), ("&quot;", '"'), ("&#39;", "'")):
+        text = text.replace(entity, char)
+    return " ".join(text.replace("&amp;", "&").split())
+
+
+def plain_text(markdown: str) -> str:
+    """The description's words, markdown markup removed: what must survive rendering."""
+    text = re.sub(r"^- ", "", markdown, flags=re.M).replace("**", "").replace("`", "")
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize("entrypoint", sorted({d["entrypoint"] for d in DEPLOYMENTS}))
+def test_every_description_renders_without_lost_text(entrypoint):
+    fields = [(name, field.get("description", "")) for name, field in fields_of(entrypoint)]
+    assert [name for name, description in fields if not description] == []
+    for name, description in fields:
+        assert visible_text(description) == plain_text(description), name
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +142,7 @@ BAD = [
     ("compress", {"model": {"model_id": ""}}, "model_id"),
     ("compress", {"calibration": {"path": "fastest"}}, "fastest"),
     ("compress", {"calibration": {"batch_size": -1}}, "batch_size"),
+    ("compress", {"recipe": {"preset": "W4A17"}}, "W4A17"),
     ("evaluate", {"gate": {"on_threshold": "warn"}}, "warn"),
     ("evaluate", {"held_out": {"samples": 0}}, "samples"),
 ]
@@ -105,7 +167,7 @@ def test_server_refuses_a_run_with_bad_parameters(deployment_ids, flow_name, bad
         assert not client.read_flow_runs(deployment_filter=only_this)
 
 
-def test_unknown_preset_passes_the_schema_and_fails_in_the_first_stage():
+def test_an_unknown_preset_in_the_free_recipe_field_fails_in_the_first_stage():
     from compressflow.errors import RecipeError
     from compressflow.params import RecipeArgs
     from compressflow.tasks.render_recipe import render_recipe

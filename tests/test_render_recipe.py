@@ -101,13 +101,13 @@ def test_yaml_text_file_dict_and_list_render_the_same_modifier(tmp_path):
     text = yaml.safe_dump({"quant_stage": {"quant_modifiers": {"GPTQModifier": GPTQ}}})
     path = tmp_path / "recipe.yml"
     path.write_text(text)
-    forms = {
-        "yaml": text,
-        f"file:{path}": str(path),
-        "dict": {"quant_stage": {"quant_modifiers": {"GPTQModifier": dict(GPTQ)}}},
-        "list": [{"GPTQModifier": dict(GPTQ)}],
-    }
-    for source, recipe in forms.items():
+    forms = [  # a dict or list is kept as YAML text: the one form the UI edits
+        ("yaml", text),
+        (f"file:{path}", str(path)),
+        ("yaml", {"quant_stage": {"quant_modifiers": {"GPTQModifier": dict(GPTQ)}}}),
+        ("yaml", [{"GPTQModifier": dict(GPTQ)}]),
+    ]
+    for source, recipe in forms:
         result = render(recipe)
         assert result.source == source
         assert (result.modifiers, result.scheme) == (["GPTQModifier"], "W4A16")
