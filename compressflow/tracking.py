@@ -350,7 +350,9 @@ def track_flow_run(
     blocks sit above this layer), or None.
     """
     from prefect import runtime
-    from prefect.artifacts import create_link_artifact
+    from prefect.artifacts import create_link_artifact, create_markdown_artifact
+
+    from compressflow.artifacts import is_web_url, slug
 
     flow_run = runtime.flow_run
     with open_run(
@@ -365,8 +367,11 @@ def track_flow_run(
         for group, values in inputs.items():
             tracker.params(f"{group} args", values)
         if tracker.location:
-            uri = tracker.location if tracker.mode == "online" else Path(tracker.location).as_uri()
-            create_link_artifact(
-                uri, link_text=f"ClearML task ({tracker.mode})", key="clearml-task"
-            )
+            key = slug(f"{default_name} clearml")
+            if is_web_url(tracker.location):
+                create_link_artifact(tracker.location, link_text="ClearML task", key=key)
+            else:  # the UI opens no file:// links: show the offline folder to copy
+                create_markdown_artifact(
+                    f"ClearML task ({tracker.mode}): `{tracker.location}`", key=key
+                )
         yield tracker

@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import shutil
 
-from prefect import flow
+from prefect import flow, tags
 
 from compressflow.blocks.clearml_settings import load_clearml_settings
 from compressflow.events import emit_published
 from compressflow.flows.checks import check_before_calibration, resolve_inputs
 from compressflow.isolation import warm_up
+from compressflow.lineage import (
+    add_run_tags,
+    base_model_asset,
+    calibration_data_asset,
+    checkpoint_asset,
+    compress_run_name,
+    current_parameters,
+    materializing,
+)
 from compressflow.locks import output_lock
 from compressflow.logs import run_logger
 from compressflow.manifest import (
@@ -35,20 +44,18 @@ from compressflow.params import (
 from compressflow.results import PublishedModel
 from compressflow.stages import Stages
 from compressflow.tasks.calibrate import calibrate, calibrate_here
-from compressflow.tasks.publish import publish
+from compressflow.tasks.publish import publish, summarize_reused
 from compressflow.tasks.verify import verify
 from compressflow.tracking import track_flow_run
 
 
-def default_task_name(model: ModelArgs, recipe: RecipeArgs) -> str:
-    preset = (
-        recipe.recipe if isinstance(recipe.recipe, str) and "\n" not in recipe.recipe else "custom"
-    )
-    return f"{model.model_id.rstrip('/').rsplit('/', 1)[-1]} {preset}"
+def run_name() -> str:
+    parameters = current_parameters()
+    return compress_run_name(parameters["model"], parameters.get("recipe"))
 
 
 # Results persist so callers of the deployment (sweeps) can read the PublishedModel back.
-@flow(name="compress-model", persist_result=True)
+@flow(name="compress-model", persist_result=True, flow_run_name=run_name)
 def compress(
     model: ModelArgs,
     dataset: DatasetArgs = DatasetArgs(),
@@ -58,7 +65,17 @@ def compress(
     verify: VerifyArgs = VerifyArgs(),
     calibration: CalibrationArgs = CalibrationArgs(),
 ) -> PublishedModel:
-    """Compress `model` with `recipe`, calibrated on `dataset`, verify it, publish it to `output`."""
+    """Compress `model` with `recipe`, calibrated on `dataset`, verify it, publish it to `output`.
+
+    Args:
+        model: The model to compress: a hub id, a local folder or a ClearML model.
+        dataset: Calibration data: where the text comes from and how much of it.
+        recipe: What to do to the model: a preset, or a recipe of your own.
+        output: Where the compressed model is published, and its tags.
+        tracking: Where the run is logged in ClearML.
+        verify: The checks the compressed model must pass before it is published.
+        calibration: How calibration runs; the defaults need no tuning.
+    """
     inputs = {
         "model": model.model_dump(),
         "dataset": dataset.model_dump(),
@@ -67,13 +84,17 @@ def compress(
         "verify": verify.model_dump(),
         "calibration": calibration.model_dump(),
     }
-    with track_flow_run(
-        tracking,
-        load_clearml_settings(tracking.clearml_block),
-        default_task_name(model, recipe),
-        output.tags,
-        inputs,
-    ) as tracker:
+    run_tags = add_run_tags([*output.tags, recipe.label()])
+    with (
+        tags(*run_tags),
+        track_flow_run(
+            tracking,
+            load_clearml_settings(tracking.clearml_block),
+            compress_run_name(model, recipe),
+            output.tags,
+            inputs,
+        ) as tracker,
+    ):
         published = run_stages(model, dataset, recipe, output, verify, calibration, inputs)
         # Emitted for new and reused outputs alike: tasks/events.py says why.
         emit_published(published, model, output.auto_evaluate)
@@ -102,7 +123,9 @@ def run_stages(
     with output_lock(target, log):
         if existing := find_published(target, resolved.key):
             log.info("Reusing %s: it was published from the same model, data and recipe", target)
-            return existing.model_copy(update={"stages": stages.records})
+            reused = existing.model_copy(update={"stages": stages.records})
+            summarize_reused(reused)
+            return reused
         remove_stale_staging(target)
         plan = check_before_calibration(stages.run, resolved, recipe, output, calibration)
 
@@ -124,8 +147,18 @@ def run_stages(
             verification = stages.run(
                 verify, calibrated, resolved.model, resolved.recipe, plan, verify_args, str(target)
             )
+            upstream = [
+                base_model_asset(model, resolved.model.source, resolved.model.revision_resolved)
+            ]
+            if resolved.dataset is not None:
+                upstream.append(
+                    calibration_data_asset(
+                        resolved.dataset.path, resolved.dataset.source, resolved.dataset.num_samples
+                    )
+                )
+            checkpoint = checkpoint_asset(target, recipe.label())
             published = stages.run(
-                publish,
+                materializing(publish, checkpoint, upstream, by="llm-compressor"),
                 calibrated,
                 plan,
                 verification,

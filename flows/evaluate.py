@@ -17,10 +17,26 @@ from pathlib import Path
 from prefect import flow
 from prefect.artifacts import create_table_artifact
 
+from compressflow.artifacts import (
+    artifact_key,
+    percent,
+    percent_change,
+    percent_points,
+    perplexity,
+    significant,
+    significant_text,
+)
 from compressflow.blocks.clearml_settings import load_clearml_settings
 from compressflow.errors import InputError, QualityThresholdExceeded
+from compressflow.lineage import (
+    checkpoint_asset,
+    current_parameters,
+    evaluation_asset,
+    link_runs,
+    materializing,
+)
 from compressflow.logs import run_logger
-from compressflow.manifest import read_manifest
+from compressflow.manifest import Manifest, read_manifest
 from compressflow.params import (
     HeldOutArgs,
     LmEvalArgs,
@@ -40,44 +56,56 @@ from compressflow.tracking import track_flow_run
 def metric_rows(report: EvaluationReport, gate: QualityGate) -> list[dict]:
     """The table shown in Prefect and ClearML: one row per metric, base beside compressed."""
     m = report.metrics
+    ppl_limit, kl_limit = gate.max_perplexity_increase_pct, gate.max_kl  # 0: no limit
     rows = [
         {
             "metric": "perplexity",
-            "base": m.base_perplexity,
-            "compressed": m.compressed_perplexity,
-            "change": f"{m.perplexity_increase_pct:+.2f}%",
-            "limit": gate.max_perplexity_increase_pct,
+            "base": perplexity(m.base_perplexity),
+            "compressed": perplexity(m.compressed_perplexity),
+            "change": percent_change(m.perplexity_increase_pct),
+            "limit": "none" if not ppl_limit else f"max increase: {percent_points(ppl_limit)}",
         },
         {
             "metric": "KL(base || compressed), nats/token",
             "base": 0.0,
-            "compressed": m.kl_divergence,
+            "compressed": significant(m.kl_divergence),
             "change": "",
-            "limit": gate.max_kl,
+            "limit": "none" if not kl_limit else f"max: {significant_text(kl_limit)} nats/token",
         },
         {
             "metric": "top-1 agreement",
-            "base": 1.0,
-            "compressed": m.top1_agreement,
+            "base": percent(1.0),
+            "compressed": percent(m.top1_agreement),
             "change": "",
-            "limit": None,
+            "limit": "",
         },
     ]
     for name, value in report.lm_eval.get("compressed", {}).items():
-        base = report.lm_eval.get("base", {}).get(name)
         rows.append(
             {
                 "metric": f"lm-eval {name}",
-                "base": base,
-                "compressed": value,
+                "base": significant(report.lm_eval.get("base", {}).get(name)),
+                "compressed": significant(value),
                 "change": "",
-                "limit": None,
+                "limit": "",
             }
         )
     return rows
 
 
-@flow(name="evaluate-model", persist_result=True)
+def evaluation_key(base: ModelArgs, manifest: Manifest | None) -> str:
+    """Named like the compressed model's summary; `custom` when no manifest names the recipe."""
+    return artifact_key(
+        base.model_id, manifest.recipe["source"] if manifest else None, "evaluation"
+    )
+
+
+def run_name() -> str:
+    compressed = ModelArgs.model_validate(current_parameters()["compressed"])
+    return f"evaluate {Path(compressed.model_id).name}"
+
+
+@flow(name="evaluate-model", persist_result=True, flow_run_name=run_name)
 def evaluate(
     compressed: ModelArgs,
     base: ModelArgs | None = None,
@@ -85,10 +113,19 @@ def evaluate(
     gate: QualityGate = QualityGate(),
     lm_eval: LmEvalArgs = LmEvalArgs(),
     tracking: TrackingArgs = TrackingArgs(),
+    compressed_by: str = "",
 ) -> EvaluationReport:
     """Score `compressed` against `base` on held-out text and apply the quality gate.
 
-    `base` defaults to the model recorded in the compressed model's manifest.
+    Args:
+        compressed: The compressed model: the folder compress-model published (or its ClearML id).
+        base: The model it was compressed from; empty: the one its manifest records.
+        held_out: Text both models read; calibration samples are left out of it.
+        gate: Limits on the quality lost; passing one fails or flags the run.
+        lm_eval: lm-eval-harness tasks run on both models (optional).
+        tracking: Where the run is logged in ClearML.
+        compressed_by: Id of the compress-model flow run that published `compressed` (the
+            trigger fills it); the two runs then link to each other.
     """
     log = run_logger(__name__)
     check_lm_eval(lm_eval.tasks)
@@ -120,9 +157,18 @@ def evaluate(
         text = build_held_out(
             held_out.dataset_args(), fetched, manifest.calibration_args() if manifest else None
         )
-        metrics = compare_models(fetched, str(compressed_path), text)
+        if compressed_by:
+            link_runs(compressed_by, evaluation_key(base, manifest))
+        # Lineage on the Assets page: the checkpoint feeds its evaluation.
+        compare = materializing(
+            compare_models,
+            evaluation_asset(compressed_path),
+            [checkpoint_asset(compressed_path, scheme or "custom")],
+            by="compressflow",
+        )
+        metrics = compare(fetched, str(compressed_path), text)
         scores = {
-            name: run_lm_eval(path, lm_eval.tasks, lm_eval.limit, base.trust_remote_code)
+            name: run_lm_eval(path, lm_eval.tasks, lm_eval.limit or None, base.trust_remote_code)
             for name, path in (("base", fetched.path), ("compressed", str(compressed_path)))
             if lm_eval.tasks
         }
@@ -151,9 +197,8 @@ def evaluate(
         tracker.text(f"Quality gate ({gate.on_threshold}): {verdict}")
         create_table_artifact(
             rows,
-            key="evaluation-metrics",
-            description=f"{Path(report.compressed_path).name} against {report.base_identity}: "
-            f"{verdict}",
+            key=evaluation_key(base, manifest),
+            description=f"{Path(report.compressed_path).name} against {base.model_id}: {verdict}",
         )
     report.tracking = tracker.status()
     if found:

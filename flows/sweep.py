@@ -22,9 +22,11 @@ from pathlib import Path
 from prefect import flow
 from prefect.artifacts import create_table_artifact
 
+from compressflow.artifacts import artifact_key, metric_value
 from compressflow.blocks.clearml_settings import load_clearml_settings
 from compressflow.logs import run_logger
 from compressflow.params import (
+    METRICS,
     DatasetArgs,
     Deployments,
     HeldOutArgs,
@@ -51,7 +53,7 @@ def expand(space: SearchSpace, default_samples: int) -> list[Point]:
         for samples in (space.text_samples or [default_samples])
         for values in itertools.product(*(space.recipe_args[name] for name in names))
     ]
-    if space.strategy == "random" and space.budget is not None and space.budget < len(combos):
+    if space.strategy == "random" and 0 < space.budget < len(combos):
         combos = random.Random(space.seed).sample(combos, space.budget)
     return combos
 
@@ -64,6 +66,18 @@ def rank(results: list[PointResult], objective: Objective) -> list[PointResult]:
         reverse=objective.direction == "maximize",
     )
     return done + [r for r in results if r.status == "failed"]
+
+
+def ranking_rows(ranked: list[PointResult], metric: str) -> list[dict]:
+    """The ranking as a person reads it: each metric rounded and with its unit."""
+    return [
+        {
+            **result.row(),
+            "objective": metric_value(metric, result.objective),
+            **{name: metric_value(name, result.metrics.get(name)) for name in METRICS},
+        }
+        for result in ranked
+    ]
 
 
 def point_params(
@@ -157,13 +171,14 @@ def sweep(
         best = ranked[0] if ranked and ranked[0].status == "completed" else None
         rows = [result.row() for result in ranked]
         verdict = (
-            f"best: {best.point.label()} ({objective.metric} {best.objective:.4g})"
+            f"best: {best.point.label()} "
+            f"({objective.metric} {metric_value(objective.metric, best.objective)})"
             if best
             else "no point completed"
         )
         create_table_artifact(
-            rows,
-            key="sweep-results",
+            ranking_rows(ranked, objective.metric),
+            key=artifact_key(model.model_id, rendered.source, "sweep"),
             description=f"Sorted by {objective.metric} ({objective.direction}); {verdict}",
         )
         tracker.table("sweep results", rows)

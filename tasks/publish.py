@@ -2,23 +2,29 @@
 
 How a folder is sealed (one rename from staging) and what the manifest holds is the output
 store's business (`compressflow.manifest`); this stage assembles the manifest, seals, and shows
-the result: Prefect artifacts and the ClearML model.
+the result: a Prefect summary artifact and the ClearML model. A run that reuses an output
+published earlier shows the same summary, marked reused (`summarize_reused`).
 """
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 from prefect import task
-from prefect.artifacts import (
-    create_link_artifact,
-    create_markdown_artifact,
-    create_table_artifact,
-)
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from compressflow import tracking
+from compressflow.artifacts import (
+    artifact_key,
+    display_name,
+    layer_error_table,
+    location_markdown,
+    logit_figures,
+    stage_table,
+)
 from compressflow.disk_space import disk_full_is_clear
 from compressflow.logs import run_logger
 from compressflow.manifest import (
@@ -26,6 +32,7 @@ from compressflow.manifest import (
     ManifestResult,
     library_versions,
     published_model,
+    read_manifest,
     seal,
     write_manifest,
 )
@@ -46,31 +53,79 @@ def verified(manifest: Manifest) -> str:
     check = manifest.verification
     if check is None:
         return "no"
-    figures = (
-        f" (logits cosine {check.cosine:.4f}, KL {check.kl_divergence:.4f}, "
-        f"top-1 {check.top1_agreement:.1%})"
-        if check.cosine is not None
+    figures = logit_figures(check)
+    return f"{'yes' if check.passed else 'NO'}: {len(check.checks)} checks" + (
+        f" ({figures})" if figures else ""
+    )
+
+
+def base_model_line(model: dict) -> str:
+    """The id or folder the user gave, then where it resolved to: what the hash identity hides."""
+    resolved = model.get("revision_resolved")
+    detail = f"revision `{resolved}`" if resolved else f"`{model['identity']}`"
+    return f"`{model['model_id']}` ({model['source']}, {detail})"
+
+
+def summary_key(manifest: Manifest) -> str:
+    return artifact_key(manifest.model["model_id"], manifest.recipe["source"], "summary")
+
+
+def summary_markdown(
+    published: PublishedModel,
+    manifest: Manifest,
+    stages: list[StageRecord],
+    tracking_link: str | None,
+) -> str:
+    """What a person reads after the run; `stages` are this run's, which a reused output's
+    manifest does not hold."""
+    name = display_name(manifest.model["model_id"], manifest.recipe["source"])
+    reused = (
+        f"> **Reused**: published earlier by another run, at {manifest.created_at}; this run "
+        "found it made from the same inputs and did not calibrate.\n\n"
+        if published.reused
         else ""
     )
-    return f"{'yes' if check.passed else 'NO'}: {len(check.checks)} checks{figures}"
-
-
-def summary_markdown(published: PublishedModel, manifest: Manifest) -> str:
-    stages = "\n".join(
-        f"| {s.name} | {s.seconds:.2f} | {'yes' if s.cached else 'no'} |" for s in manifest.stages
+    clearml = (
+        f"- **ClearML**: {location_markdown(tracking_link, 'task page')}\n" if tracking_link else ""
+    )
+    layers = (
+        f"\n## Quantization error per module\n\n{layer_error_table(manifest.modules)}\n"
+        if manifest.modules
+        else ""
     )
     return (
-        f"# Compressed model\n\n"
+        f"# Compressed model: {name}\n\n"
+        f"{reused}"
         f"- **Output**: `{published.path}`\n"
-        f"- **Base model**: `{published.model_identity}`\n"
-        f"- **Scheme**: {published.scheme}\n"
+        f"- **Base model**: {base_model_line(manifest.model)}\n"
+        f"- **Recipe**: `{manifest.recipe['source']}`, scheme {published.scheme or 'none'}\n"
         f"- **Size**: {published.size_bytes / 1e6:.1f} MB "
         f"(original {published.original_size_bytes / 1e6:.1f} MB, "
         f"ratio {published.compression_ratio:.2f}x)\n"
-        f"- **Run key**: `{published.run_key}`\n"
-        f"- **Verified**: {verified(manifest)}\n\n"
-        f"| stage | seconds | cached |\n|---|---|---|\n{stages}\n"
+        f"- **Verified**: {verified(manifest)}\n"
+        f"{clearml}"
+        f"- **Run key**: `{published.run_key}`\n\n"
+        f"## Stages\n\n{stage_table(stages)}\n"
+        f"{layers}"
     )
+
+
+def create_summary(
+    published: PublishedModel, manifest: Manifest, stages: list[StageRecord]
+) -> None:
+    create_markdown_artifact(
+        summary_markdown(published, manifest, stages, tracking.current().link()),
+        key=summary_key(manifest),
+        description=f"Compressed model at {published.path}",
+    )
+
+
+def summarize_reused(published: PublishedModel) -> None:
+    """The summary for an output an earlier run published, which this run returns as is.
+
+    Called by the flow under the output's lock, after find_published read the same manifest.
+    """
+    create_summary(published, read_manifest(Path(published.path)), published.stages)
 
 
 @task(name="publish", cache_policy=NO_CACHE)
@@ -88,6 +143,7 @@ def publish(
     stages: list[StageRecord],
 ) -> PublishedModel:
     """Write recipe.yaml and manifest.json beside the checkpoint, then publish it atomically."""
+    started = time.perf_counter()
     staging, target_path = Path(calibration.staging_path), Path(target)
     manifest = Manifest(
         created_at=datetime.now(timezone.utc).isoformat(),
@@ -127,14 +183,6 @@ def publish(
         published.compression_ratio,
         published.original_size_bytes / 1e6,
     )
-    create_markdown_artifact(summary_markdown(published, manifest), key="compressed-model-summary")
-    if calibration.modules:
-        create_table_artifact(
-            [m.model_dump() for m in calibration.modules],
-            key="per-module-errors",
-            description="Quantization error and time per module, as llm-compressor reported them",
-        )
-    create_link_artifact(target_path.as_uri(), link_text=str(target_path), key="compressed-model")
     tracker = tracking.current()
     tracker.artifact("manifest", manifest.model_dump(mode="json"))
     tracker.artifact("recipe", str(target_path / "recipe.yaml"))
@@ -150,4 +198,9 @@ def publish(
             "run_key": key,
         },
     )
+    # Last, so publish's own row covers the sealing and the ClearML upload before it.
+    publishing = StageRecord(
+        name="publish", seconds=round(time.perf_counter() - started, 3), cached=False
+    )
+    create_summary(published, manifest, [*stages, publishing])
     return published

@@ -33,6 +33,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from compressflow import tracking
+from compressflow.artifacts import artifact_key, display_name, logit_figures
 from compressflow.checkpoint import tensor_index
 from compressflow.compat import patch_reloads
 from compressflow.errors import VerificationError
@@ -253,15 +254,17 @@ def check_logits(loaded, reference_path: Path, args: VerifyArgs) -> tuple[Verifi
     return VerificationCheck(name="logits", passed=passed, detail=detail), figures
 
 
-def verification_markdown(result: Verification, target: str) -> str:
+def verification_markdown(result: Verification, target: str, name: str) -> str:
     rows = "\n".join(
         f"| {check.name} | {'pass' if check.passed else '**FAIL**'} | {check.detail} |"
         for check in result.checks
     )
     verdict = "passed" if result.passed else "FAILED: not published"
+    figures = logit_figures(result)
     return (
-        f"# Verification: {verdict}\n\n`{target}`\n\n"
-        f"| check | result | detail |\n|---|---|---|\n{rows}\n"
+        f"# Verification of {name}: {verdict}\n\n`{target}`\n\n"
+        + (f"Against the base model: {figures}.\n\n" if figures else "")
+        + f"| check | result | detail |\n|---|---|---|\n{rows}\n"
     )
 
 
@@ -300,7 +303,10 @@ def verify(
             "verify %s: %s: %s", check.name, "pass" if check.passed else "FAIL", check.detail
         )
     tracking.log_result(result)
-    create_markdown_artifact(verification_markdown(result, target), key="verification")
+    create_markdown_artifact(
+        verification_markdown(result, target, display_name(model.model_id, recipe.source)),
+        key=artifact_key(model.model_id, recipe.source, "verification"),
+    )
     if not result.passed:
         first = result.failed()[0]
         raise VerificationError(

@@ -60,6 +60,60 @@ def test_each_cpu_preset_publishes_a_reloadable_checkpoint(tiny_model, tmp_path,
     assert not list(tmp_path.glob(".*staging*")), "staging folder left behind"
 
 
+def materializations(client, flow_run_id, timeout: float = 30.0) -> list[dict]:
+    """The asset materialization events the run emitted, as the server stored them."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        response = client.request(
+            "POST",
+            "/events/filter",
+            json={
+                "filter": {
+                    "event": {"prefix": ["prefect.asset.materialization"]},
+                    "related": {"id": [f"prefect.flow-run.{flow_run_id}"]},
+                },
+                "limit": 50,
+            },
+        )
+        events = response.json()["events"]
+        if events or time.monotonic() > deadline:
+            return events
+        time.sleep(0.5)
+
+
+def test_a_run_is_named_and_tagged_after_its_model_and_shows_lineage(tiny_model, tmp_path):
+    from prefect.client.orchestration import get_client
+
+    target = tmp_path / "named"
+    state = compress(
+        model=ModelArgs(model_id=str(tiny_model)),
+        dataset=small_data(),
+        recipe=RecipeArgs(preset="W4A16"),
+        output=OutputArgs(save_directory=str(target), tags=["nightly", "team-a"]),
+        return_state=True,
+    )
+    flow_run_id = state.state_details.flow_run_id
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(flow_run_id)
+        assert run.name == f"{tiny_model.name} W4A16"
+        assert {"nightly", "team-a", "W4A16"} <= set(run.tags)
+        events = materializations(client, flow_run_id)
+    [event] = [e for e in events if e["event"].endswith("succeeded")]
+    assert event["resource"]["prefect.resource.id"] == f"file://{target.resolve()}"
+    upstream = {
+        r["prefect.resource.id"]
+        for r in event["related"]
+        if r.get("prefect.resource.role") == "asset"
+    }
+    assert f"file://{Path(tiny_model).resolve()}" in upstream, "base model -> checkpoint"
+    assert any(
+        "datasets" in key or "cache" in key
+        for key in upstream - {f"file://{Path(tiny_model).resolve()}"}
+    ), upstream
+
+
 def test_second_run_reuses_cached_stages_and_the_published_output(tiny_model, tmp_path):
     params = dict(
         model=ModelArgs(model_id=str(tiny_model)),

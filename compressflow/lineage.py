@@ -1,0 +1,159 @@
+"""What ties a run to its model in the Prefect UI: run names, tags, assets and links between runs.
+
+A person looking at the Runs page should see which model each run compressed and how, without
+opening it: runs are named after the model and scheme, and carry `output.tags` and the scheme as
+Prefect tags. The Assets page shows lineage: the base model and the calibration data feed the
+compressed checkpoint (materialized by the publish stage), and the checkpoint feeds its
+evaluation. The compression run and the evaluation it triggered link to each other.
+
+Everything here is presentation: a failure to tag or link is logged and never fails a run.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from prefect.assets import Asset, AssetProperties, materialize
+
+from compressflow.artifacts import model_name
+from compressflow.logs import run_logger
+from compressflow.params import ModelArgs, RecipeArgs
+
+
+def compress_run_name(model: Any, recipe: Any) -> str:
+    """`Llama-3.2-1B-Instruct W4A16`: what the Runs page lists for a compression."""
+    model, recipe = ModelArgs.model_validate(model), RecipeArgs.model_validate(recipe or {})
+    return f"{model_name(model.model_id)} {recipe.label()}"
+
+
+def current_parameters() -> dict[str, Any]:
+    """The running flow's parameters (empty outside a run), for `flow_run_name` callables."""
+    from prefect.runtime import flow_run
+
+    return dict(flow_run.parameters or {})
+
+
+def add_run_tags(tags: list[str]) -> list[str]:
+    """Add `tags` to the running flow run (a deployment's run gets only the deployment's tags)."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    wanted = [tag for tag in dict.fromkeys(tags) if tag]
+    if not flow_run.id or not wanted:
+        return wanted
+    try:
+        with get_client(sync_client=True) as client:
+            current = client.read_flow_run(flow_run.id).tags
+            client.update_flow_run(flow_run.id, tags=list(dict.fromkeys([*current, *wanted])))
+    except Exception as exc:  # presentation only: the run goes on untagged
+        run_logger(__name__).warning("Could not tag the flow run with %s: %s", wanted, exc)
+    return wanted
+
+
+# ---------------------------------------------------------------- assets
+
+
+_NOT_IN_KEYS = re.compile(r"[\s#?&%\"'<>\[\]{}|\\^`]")
+
+
+def _key(protocol: str, location: str) -> str:
+    """An asset key Prefect accepts: `protocol://location`, its restricted characters as `_`."""
+    return f"{protocol}://{_NOT_IN_KEYS.sub('_', location)}"[:512]
+
+
+def _file_key(path: str | Path, protocol: str = "file") -> str:
+    return _key(protocol, Path(path).expanduser().resolve().as_posix())
+
+
+def base_model_asset(model: ModelArgs, source: str, revision: str | None) -> Asset:
+    """The model compressed: the hub repository, the ClearML model or the local folder."""
+    if source == "hub":
+        key = _key("huggingface", model.model_id)
+    elif source == "clearml":
+        key = _key("clearml", f"models/{model.model_id}")
+    else:
+        key = _file_key(model.model_id)
+    where = f" at {revision}" if revision else ""
+    return Asset(
+        key=key,
+        properties=AssetProperties(
+            name=model_name(model.model_id),
+            description=f"Base model {model.model_id}{where}",
+            url=f"https://huggingface.co/{model.model_id}" if source == "hub" else None,
+        ),
+    )
+
+
+def calibration_data_asset(path: str, source: str, samples: int) -> Asset:
+    """The tokenized calibration set, as built (cached by its fingerprint)."""
+    return Asset(
+        key=_file_key(path),
+        properties=AssetProperties(
+            name=f"calibration data ({source})",
+            description=f"{samples} tokenized samples from {source}",
+        ),
+    )
+
+
+def checkpoint_asset(path: str | Path, label: str) -> Asset:
+    """The published checkpoint; the evaluation depends on the same key."""
+    return Asset(
+        key=_file_key(path),
+        properties=AssetProperties(name=f"{Path(path).name} ({label})", description=str(path)),
+    )
+
+
+def evaluation_asset(checkpoint: str | Path) -> Asset:
+    return Asset(
+        key=_file_key(checkpoint, protocol="evaluation"),
+        properties=AssetProperties(
+            name=f"evaluation of {Path(checkpoint).name}",
+            description=f"Perplexity, KL divergence and top-1 agreement of {checkpoint} "
+            "against its base model",
+        ),
+    )
+
+
+def materializing(stage, asset: Asset, upstream: list[Asset], by: str):
+    """`stage` as a task that materializes `asset` from `upstream` (the Assets page's lineage)."""
+    return materialize(
+        asset, by=by, asset_deps=upstream, name=stage.name, cache_policy=stage.cache_policy
+    )(stage.fn)
+
+
+# ---------------------------------------------------------------- links between runs
+
+
+def run_url(flow_run_id: str) -> str | None:
+    """The run's page in the Prefect UI; None when no UI URL is configured (a local run)."""
+    from prefect.utilities.urls import url_for
+
+    return url_for("flow-run", obj_id=flow_run_id)
+
+
+def link_runs(compress_run_id: str, key: str) -> None:
+    """Link this (evaluation) run and the compression run that published its model, both ways."""
+    from prefect.artifacts import create_link_artifact
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import ArtifactCreate
+    from prefect.runtime import flow_run
+
+    here, there = run_url(flow_run.id) if flow_run.id else None, run_url(compress_run_id)
+    if not (here and there):
+        return
+    try:
+        create_link_artifact(there, link_text="the compression run", key=f"{key}-compressed-by")
+        with get_client(sync_client=True) as client:
+            client.create_artifact(
+                ArtifactCreate(
+                    key=f"{key}-evaluated-by",
+                    type="link",
+                    data=f"[its evaluation: {flow_run.name}]({here})",
+                    description="The evaluate-model run this compression triggered.",
+                    flow_run_id=compress_run_id,
+                )
+            )
+    except Exception as exc:  # presentation only
+        run_logger(__name__).warning("Could not link the runs: %s", exc)
