@@ -29,6 +29,7 @@ from compressflow.params import CalibrationArgs, DatasetArgs, ModelArgs, OutputA
 from compressflow.results import (
     BuiltDataset,
     FetchedModel,
+    LayerTime,
     MemoryPlan,
     ModuleMetric,
     PublishedModel,
@@ -73,6 +74,7 @@ class Manifest(BaseModel):
     peak_rss_mb: float
     peak_gpu_mb: float | None = None
     modules: list[ModuleMetric] = Field(default_factory=list)
+    layers: list[LayerTime] = Field(default_factory=list, description="Seconds per subgraph.")
     tags: list[str] = Field(default_factory=list)
     verification: Verification | None = Field(
         default=None, description="What the verify stage proved before publishing."

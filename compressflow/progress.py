@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from compressflow import tracking
 from compressflow.logs import run_logger
+from compressflow.results import LayerTime
 
 CLEARML_TITLE = "calibration progress"
 
@@ -57,6 +58,8 @@ class CalibrationProgress:
     done: int = 0
     started: float = field(default_factory=time.perf_counter)
     first_done: float | None = None
+    last_done: float | None = None
+    layers: list[LayerTime] = field(default_factory=list)
     artifact_id: object = None
     logger: object = field(default_factory=lambda: run_logger(__name__))
 
@@ -74,8 +77,12 @@ class CalibrationProgress:
             return None
         return (now - self.first_done) / (self.done - 1) * (self.total - self.done)
 
+    def position(self) -> tuple[int, int]:
+        """(pass, subgraph) of the last subgraph done, both 0-based."""
+        return divmod(self.done - 1, self.per_pass) if self.per_pass else (0, 0)
+
     def label(self) -> str:
-        pass_index, index = divmod(self.done - 1, self.per_pass) if self.per_pass else (0, 0)
+        pass_index, index = self.position()
         text = f"subgraph {index + 1}/{self.per_pass}"
         return f"{text} of pass {pass_index + 1}/{self.passes}" if self.passes > 1 else text
 
@@ -89,6 +96,12 @@ class CalibrationProgress:
         self.done += 1
         if self.done == 1:
             self.first_done = now
+        pass_index, index = self.position()
+        seconds = now - (self.last_done or self.started)
+        self.last_done = now
+        self.layers.append(
+            LayerTime(calibration_pass=pass_index + 1, layer=index, seconds=round(seconds, 3))
+        )
         elapsed = now - self.started
         eta = self.eta_seconds(now)
         eta_text = f"{eta:.0f} s" if eta is not None else "unknown"
@@ -103,6 +116,9 @@ class CalibrationProgress:
         tracker.scalar(CLEARML_TITLE, "elapsed seconds", elapsed, iteration=self.done)
         if eta is not None:
             tracker.scalar(CLEARML_TITLE, "ETA seconds", eta, iteration=self.done)
+        tracker.scalar(
+            "calibration seconds by subgraph", f"pass {pass_index + 1}", seconds, iteration=index
+        )
 
     def finish(self) -> None:
         seconds = time.perf_counter() - self.started

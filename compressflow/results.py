@@ -244,13 +244,26 @@ class ModuleMetric(BaseModel):
     seconds: float | None = None
 
 
+class LayerTime(BaseModel):
+    """One subgraph (decoder layer) of the sequential pipeline: what every algorithm reports."""
+
+    calibration_pass: int = Field(description="1-based; W8A8 makes one pass per data modifier.")
+    layer: int = Field(description="0-based subgraph index; 0 holds the embeddings.")
+    seconds: float = Field(description="Calibration and compression of this subgraph.")
+
+
 class Calibration(BaseModel):
     staging_path: str = Field(description="Folder holding the saved checkpoint, not yet published.")
     seconds: float
     peak_rss_mb: float = Field(description="Peak resident memory of the process so far.")
     peak_gpu_mb: float | None = Field(default=None, description="Peak CUDA memory, when on GPU.")
     checkpoint_bytes: int
-    modules: list[ModuleMetric] = Field(default_factory=list)
+    modules: list[ModuleMetric] = Field(
+        default_factory=list, description="GPTQ's per-module loss and time (GPTQ only)."
+    )
+    layers: list[LayerTime] = Field(
+        default_factory=list, description="Seconds per subgraph, for every algorithm."
+    )
     reference_seconds: float = Field(
         default=0.0, description="Time spent capturing the base model's reference logits."
     )

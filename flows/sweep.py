@@ -24,6 +24,7 @@ from prefect.artifacts import create_table_artifact
 
 from compressflow.artifacts import artifact_key, metric_value
 from compressflow.blocks.clearml_settings import load_clearml_settings
+from compressflow.lineage import compress_run_name, current_parameters
 from compressflow.logs import run_logger
 from compressflow.params import (
     METRICS,
@@ -98,7 +99,12 @@ def point_params(
     }
 
 
-@flow(name="sweep-recipe")
+def run_name() -> str:
+    parameters = current_parameters()
+    return "sweep " + compress_run_name(parameters["model"], parameters.get("recipe"))
+
+
+@flow(name="sweep-recipe", flow_run_name=run_name)
 def sweep(
     model: ModelArgs,
     output_root: str,

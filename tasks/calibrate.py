@@ -259,6 +259,7 @@ def calibrate(
     result = run_isolated(calibrate_here, (*inputs, data_collator), on_event, "calibration")
     if progress:
         progress[0].finish()
+        result = result.model_copy(update={"layers": progress[0].layers})
     report(result)
     return result
 

@@ -20,6 +20,7 @@ from compressflow import tracking
 from compressflow.artifacts import (
     artifact_key,
     display_name,
+    duration,
     layer_error_table,
     location_markdown,
     logit_figures,
@@ -93,6 +94,14 @@ def summary_markdown(
         if manifest.modules
         else ""
     )
+    if manifest.layers:
+        slowest = max(manifest.layers, key=lambda layer: layer.seconds)
+        layers += (
+            f"\n## Calibration time per layer\n\n{len(manifest.layers)} subgraph(s); the "
+            f"slowest: layer {slowest.layer} (pass {slowest.calibration_pass}), "
+            f"{duration(slowest.seconds)}. All of them are in `manifest.json` (`layers`) and "
+            "ClearML (`calibration seconds by subgraph`).\n"
+        )
     return (
         f"# Compressed model: {name}\n\n"
         f"{reused}"
@@ -166,6 +175,7 @@ def publish(
         peak_rss_mb=calibration.peak_rss_mb,
         peak_gpu_mb=calibration.peak_gpu_mb,
         modules=calibration.modules,
+        layers=calibration.layers,
         tags=output.tags,
         verification=verification,
         memory_plan=plan,

@@ -106,3 +106,26 @@ quant_stage:
     assert progress.sequential_passes(rendered.data_modifiers, None) == 2
     assert progress.sequential_passes(rendered.data_modifiers, "sequential") == 1
     assert progress.sequential_passes(rendered.data_modifiers, "basic") == 0
+
+
+def test_every_algorithm_reports_seconds_per_layer_not_only_gptq(tiny_model, tmp_path):
+    """Static FP8 activations (QuantizationModifier: no GPTQ loss lines) still time each layer."""
+    import json
+    from pathlib import Path
+
+    static_fp8 = "- QuantizationModifier: {targets: Linear, scheme: FP8, ignore: [lm_head]}\n"
+    published = compress(
+        model=ModelArgs(model_id=str(tiny_model)),
+        dataset=DatasetArgs(text_samples=8, max_seq_len=64, seed=5),
+        recipe=RecipeArgs(recipe=static_fp8),
+        output=OutputArgs(save_directory=str(tmp_path / "static")),
+    )
+    manifest = json.loads(Path(published.path, "manifest.json").read_text())
+    assert manifest["modules"] == [], "no GPTQ: no per-module loss"
+    layers = manifest["layers"]
+    assert [(layer["calibration_pass"], layer["layer"]) for layer in layers] == [
+        (1, 0),
+        (1, 1),
+        (1, 2),
+    ]
+    assert all(layer["seconds"] > 0 for layer in layers)
