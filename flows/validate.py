@@ -3,18 +3,23 @@
 Run it on a deployment's parameters before scheduling it. It runs the flow's own check sequence
 (`flows/checks.py`): renders the recipe, resolves the model (config and tokenizer only: hub
 weights are not downloaded), builds the calibration dataset, checks the output folder and traces
-the model on the meta device, and plans calibration's memory on this machine. The first problem raises the same error the flow would, naming
-the field and the fix.
+the model on the meta device, and plans calibration's memory on this machine. The parameters'
+shape is checked first, every group's problems at once; after that the first problem raises the
+same error the flow would, naming the field and the fix.
 
 From the shell: `compressflow validate params.yaml` or `compressflow validate --deployment NAME`.
 """
 
 from __future__ import annotations
 
+import inspect
 import time
-from typing import Any
+from typing import Any, get_type_hints
+
+from pydantic import BaseModel, ConfigDict, create_model
 
 from compressflow.flows.checks import check_before_calibration, check_output, resolve_inputs
+from compressflow.flows.compress import compress
 from compressflow.manifest import find_published
 from compressflow.params import CalibrationArgs, DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
 from compressflow.results import Check, ValidationReport
@@ -70,18 +75,53 @@ def validate(
     output: OutputArgs | dict[str, Any] | None = None,
     calibration: CalibrationArgs | dict[str, Any] | None = None,
 ) -> ValidationReport:
-    """Run the flow's pre-calibration checks; raise the first problem, or report what passed."""
-    model = ModelArgs.model_validate(model)
-    dataset = DatasetArgs.model_validate(dataset or {})
-    recipe = RecipeArgs.model_validate(recipe or {})
-    output = OutputArgs.model_validate(output or {})
-    calibration = CalibrationArgs.model_validate(calibration or {})
+    """Run the flow's pre-calibration checks; raise the first problem, or report what passed.
+
+    The groups are validated first, together: one ValidationError lists every group's problems.
+    """
+    given = dict(
+        model=model, dataset=dataset, recipe=recipe, output=output, calibration=calibration
+    )
+    params = Parameters.model_validate(
+        {name: value for name, value in given.items() if value is not None}
+    )
 
     timed = _TimedChecks()
-    inputs = resolve_inputs(timed.run, model, dataset, recipe, output, calibration, weights=False)
-    check_before_calibration(timed.run, inputs, recipe, output, calibration)
+    inputs = resolve_inputs(
+        timed.run,
+        params.model,
+        params.dataset,
+        params.recipe,
+        params.output,
+        params.calibration,
+        weights=False,
+    )
+    check_before_calibration(timed.run, inputs, params.recipe, params.output, params.calibration)
     return ValidationReport(
         checks=timed.checks,
         output_path=str(inputs.target),
         reuses_output=find_published(inputs.target, inputs.key) is not None,
     )
+
+
+# compress-model's parameter groups and their models, read from its signature so they cannot drift.
+FLOW_GROUPS: dict[str, type[BaseModel]] = {
+    name: hint for name, hint in get_type_hints(compress.fn).items() if name != "return"
+}
+
+
+def _parameters() -> type[BaseModel]:
+    """The groups `validate` checks as one model, with the flow's defaults: validating it reports
+    every group's errors at once (locations start with the group), and unknown groups too."""
+    flow = inspect.signature(compress.fn).parameters
+    fields = {
+        name: (
+            FLOW_GROUPS[name],
+            ... if flow[name].default is inspect.Parameter.empty else flow[name].default,
+        )
+        for name in inspect.signature(validate).parameters
+    }
+    return create_model("Parameters", __config__=ConfigDict(extra="forbid"), **fields)
+
+
+Parameters = _parameters()

@@ -4,14 +4,21 @@ output folder is created. `validate` runs the flow's own pre-calibration checks.
 from __future__ import annotations
 
 import json
+import logging
+import os
 import shutil
+import subprocess
+import sys
 import time
+from contextlib import contextmanager
 
 import pytest
 from pydantic import ValidationError
 
 from compressflow.errors import DatasetError, ModelFetchError, PublishError, RecipeError
+from compressflow.flows import cli as cli_module
 from compressflow.flows.cli import main as cli
+from compressflow.flows.cli import quiet
 from compressflow.flows.validate import validate
 
 BAD_YAML = "quant_stage:\n  quant_modifiers:\n    GPTQModifier: {targets: [Linear\n"
@@ -232,6 +239,169 @@ def test_cli_exit_status_and_message(models, tmp_path, capsys):
     bad.write_text(json.dumps(params(models, tmp_path, recipe={"recipe": "W4A61"})))
     assert cli(["validate", str(bad)]) == 2
     assert "did you mean W4A16" in capsys.readouterr().err
+
+
+PREFECT_YAML = """
+deployments:
+  - {name: compress, entrypoint: flows/compress.py:compress}
+  - name: nightly-w4a16
+    entrypoint: flows/compress.py:compress
+    parameters: {model: {model_id: acme/model}}
+  - {name: evaluate, entrypoint: flows/evaluate.py:evaluate, parameters: {held_out: {}}}
+"""
+
+
+def deployment(tmp_path, name: str) -> list[str]:
+    prefect_yaml = tmp_path / "prefect.yaml"
+    prefect_yaml.write_text(PREFECT_YAML)
+    return ["validate", "--deployment", name, "--prefect-yaml", str(prefect_yaml)]
+
+
+def refused_lines(capsys, argv: list[str]) -> list[str]:
+    assert cli(argv) == 2
+    printed = capsys.readouterr()
+    assert printed.out == ""
+    lines = printed.err.splitlines()
+    assert all(line.startswith("error: ") and ". Fix: " in line for line in lines), lines
+    return lines
+
+
+def test_cli_deployment_without_parameters_says_they_come_from_the_run(tmp_path, capsys):
+    assert refused_lines(capsys, deployment(tmp_path, "compress")) == [
+        "error: model: deployment 'compress' sets no model: its parameters come from the run. "
+        "Fix: put them in a file and run `compressflow validate params.yaml`"
+    ]
+
+
+def test_cli_names_unknown_groups_and_the_known_ones(models, tmp_path, capsys):
+    good = params(models, tmp_path)
+    file = tmp_path / "params.yaml"
+    # tracking and verify are known groups, set aside: they only apply to a run.
+    file.write_text(json.dumps({**good, "datasets": {}, "tracking": {}, "verify": {}}))
+    assert refused_lines(capsys, ["validate", str(file)]) == [
+        "error: datasets: not a parameter group. Fix: did you mean dataset? the groups are: "
+        "model, dataset, recipe, output, tracking, verify, calibration"
+    ]
+
+
+def test_cli_prints_schema_errors_as_field_problem_fix(models, tmp_path, capsys):
+    file = tmp_path / "params.yaml"
+    file.write_text(json.dumps(params(models, tmp_path, dataset={"text_samples": -1, "seeds": 1})))
+    lines = refused_lines(capsys, ["validate", str(file)])
+    assert lines[0] == (
+        "error: dataset.text_samples: Input should be greater than or equal to 0, got -1. "
+        "Fix: give a value that satisfies this"
+    )
+    assert lines[1].startswith(
+        "error: dataset.seeds: not a field of dataset. Fix: did you mean seed? "
+        "dataset's fields are: dataset_name, "
+    )
+    assert len(lines) == 2
+
+
+def test_cli_reports_every_groups_schema_errors_before_any_check(models, tmp_path, capsys):
+    bad = params(
+        models,
+        tmp_path,
+        dataset={"max_seq_len": 0},
+        recipe={"pipeline": "fastest"},
+        output={"overwrite": "maybe"},
+    )
+    bad["model"] = {"revision": "main"}
+    bad["calibration"] = {"batch_size": -1}
+    # The output check would refuse this folder: a check ran if its error shows.
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "model.safetensors").write_text("another model")
+    file = tmp_path / "params.yaml"
+    file.write_text(json.dumps(bad))
+    lines = refused_lines(capsys, ["validate", str(file)])
+    fields = [line.removeprefix("error: ").split(": ", 1)[0] for line in lines]
+    assert fields == [
+        "model.model_id",
+        "dataset.max_seq_len",
+        "recipe.pipeline",
+        "output.overwrite",
+        "calibration.batch_size",
+    ]
+    assert "Field required. Fix: add it" in lines[0]
+    assert "got 'fastest'" in lines[2]
+
+
+def test_cli_is_quiet(models, tmp_path):
+    """What a user sees, in a process of its own: the checks' table and the output folder."""
+    file = tmp_path / "params.yaml"
+    file.write_text(json.dumps(params(models, tmp_path)))
+    run = subprocess.run(
+        [sys.executable, "-m", "compressflow.flows.cli", "validate", str(file)],
+        capture_output=True,
+        text=True,
+        env=os.environ.copy(),
+    )
+    assert run.returncode == 0, run.stderr
+    for noise in ("Warning", "WARNING", "it/s", "█", "%|"):
+        assert noise not in run.stdout + run.stderr
+    assert run.stderr == ""
+    lines = run.stdout.splitlines()
+    assert lines[0] == "Parameters are valid:"
+    assert all(line.startswith("  ") for line in lines[1:-1])
+    assert lines[-1] == f"Output: {tmp_path / 'out'}"
+
+
+def test_cli_verbose_leaves_the_libraries_output_alone(models, tmp_path, capsys, monkeypatch):
+    quieted = []
+
+    @contextmanager
+    def counted_quiet():
+        quieted.append(True)
+        yield
+
+    monkeypatch.setattr(cli_module, "quiet", counted_quiet)
+    file = tmp_path / "params.yaml"
+    file.write_text(json.dumps(params(models, tmp_path)))
+    assert cli(["validate", str(file), "--verbose"]) == 0
+    assert quieted == []
+    assert cli(["validate", str(file)]) == 0
+    assert quieted == [True]
+
+
+def test_quiet_drops_library_output_and_keeps_compressflow_warnings(capfd):
+    with quiet():
+        os.write(1, b"library chatter\n")
+        os.write(2, b"a progress bar\n")
+        logging.getLogger("compressflow.disk_space").warning("the disk is nearly full")
+    printed = capfd.readouterr()
+    assert "chatter" not in printed.out and "progress" not in printed.err
+    assert "warning: the disk is nearly full\n" in printed.err
+
+
+def test_cli_unknown_deployment_exits_2_listing_the_deployments(tmp_path, capsys):
+    assert refused_lines(capsys, deployment(tmp_path, "nightly")) == [
+        f"error: --deployment: {tmp_path / 'prefect.yaml'} has no deployment 'nightly' "
+        "(it has: compress, nightly-w4a16, evaluate). Fix: did you mean nightly-w4a16?"
+    ]
+    assert refused_lines(capsys, deployment(tmp_path, "evaluate")) == [
+        "error: --deployment: deployment 'evaluate' runs flows/evaluate.py:evaluate, not "
+        "compress-model. Fix: validate a compress-model deployment: compress, nightly-w4a16"
+    ]
+
+
+def test_cli_help_gives_examples_and_exit_statuses(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli(["validate", "--help"])
+    assert exited.value.code == 0
+    help_text = capsys.readouterr().out
+    for text in (
+        "compressflow validate params.yaml",
+        "compressflow validate --deployment nightly-w4a16",
+        "\n  model: {model_id: ",
+        "\n  dataset: {",
+        "\n  recipe: {",
+        "\n  output: {",
+        "\n  0  valid",
+        "\n  2  invalid",
+        "--verbose",
+    ):
+        assert text in help_text
 
 
 @pytest.fixture(scope="module")
