@@ -1,7 +1,8 @@
 """The checks compress-model makes before calibrating, shared with `compressflow validate`.
 
-Both run the same two steps, so they cannot drift: `resolve_inputs` (render the recipe, fetch
-the model, build the dataset: the cheap stages, in the order that fails fastest) and
+Both run the same two steps, so they cannot drift: `resolve_inputs` (render the recipe and refuse
+what this worker's hardware cannot run, fetch the model, build the dataset: the cheap stages, in
+the order that fails fastest) and
 `check_before_calibration` (the output folder, disk space, the memory plan, traceability on the
 meta device).
 The flow runs them as Prefect tasks through `compressflow.stages.Stages` (cached, recorded) and
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from compressflow.disk_space import check_free_space
+from compressflow.hardware import refuse_unsupported
 from compressflow.manifest import check_target, output_path, run_key
 from compressflow.params import CalibrationArgs, DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
 from compressflow.results import BuiltDataset, FetchedModel, MemoryPlan, RenderedRecipe
@@ -52,6 +54,8 @@ def resolve_inputs(
     weights: bool = True,
 ) -> Inputs:
     rendered = run(render_recipe, recipe)
+    # Called directly, not as a stage: a check of this process's hardware, never cached.
+    refuse_unsupported(rendered)
     fetched = run(fetch_model, model, weights)
     rendered = run(adapt_recipe, rendered, fetched)
     built = run(build_dataset, dataset, fetched, rendered.needs_data)

@@ -90,7 +90,10 @@ def adapt_recipe(recipe: RenderedRecipe, model: FetchedModel) -> RenderedRecipe:
             "data_modifiers": recipe.data_modifiers - (len(recipe.modifiers) - len(modifiers)),
             "notes": [*recipe.notes, *notes],
             "architecture": family,
-            "sequential_targets": list(rule.sequential_targets) or None,
+            # A migrated recipe's own targets win over the family's.
+            "sequential_targets": recipe.sequential_targets
+            or list(rule.sequential_targets)
+            or None,
         }
     )
     for note in notes:

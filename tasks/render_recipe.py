@@ -13,7 +13,9 @@ Steps, each a plain function so they can be tested without Prefect:
    again. A `$` not followed by an identifier (the regex `re:.*lm_head$`) is left alone. Missing and
    unused names are errors, so a typo can never leave a half-rendered recipe.
 3. `to_recipe_dict` and `migrate_legacy`: lists become one stage; forms llm-compressor 0.14 no
-   longer takes (a string `observer`, `run_type`) are rewritten, with a note for each.
+   longer takes (a string `observer`, `run_type`, SmoothQuant `mappings` naming a model family,
+   `sequential_targets` inside a modifier) are rewritten, with a note for each. Forms that cannot
+   be rewritten (SparseZoo `zoo:` stubs) are refused with the form that replaces them.
 4. `validate`: llm-compressor's own parser (`Recipe.from_dict`) builds the modifiers; its errors
    become `RecipeError`s that name the modifier, the field and the fix.
 """
@@ -23,9 +25,10 @@ from __future__ import annotations
 import copy
 import difflib
 import hashlib
+import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import yaml
 from prefect import task
@@ -57,6 +60,12 @@ LIST_STAGE, LIST_GROUP = "default_stage", "default_modifiers"
 _SINGLE_OBSERVER_KEYS = ("weight_observer", "input_observer", "output_observer")
 # Pipelines llm-compressor runs as asked; the others are inferred from the modifiers.
 _EXPLICIT_PIPELINES = ("basic", "datafree")
+# Modifiers whose `mappings` older llm-compressor also took as a key of SmoothQuant's registry.
+_SMOOTHQUANT_LIKE = ("SmoothQuantModifier", "LogarithmicEqualizationModifier")
+# Modifiers that took `sequential_targets` before 0.14 made it an argument of oneshot.
+_HAD_SEQUENTIAL_TARGETS = ("GPTQModifier", "SparseGPTModifier", "WandaPruningModifier")
+# A scheme named in a zoo stub (`.../quantization-w8a8-channelwise-dynamic`) -> its preset.
+_ZOO_SCHEMES = {"w4a16": "W4A16", "w8a8": "W8A8", "fp8": "FP8_DYNAMIC"}
 
 
 # ---------------------------------------------------------------- 1. load
@@ -102,6 +111,23 @@ def _not_a_recipe(text: str, parsed: Any) -> RecipeError:
     )
 
 
+def _zoo_stub(stub: str) -> RecipeError:
+    # The stub only named a recipe SparseZoo served; 0.14 cannot fetch it, so nothing to rewrite.
+    name = stub.lower()
+    preset = next((p for word, p in _ZOO_SCHEMES.items() if word in name and p in PRESETS), None)
+    same = (
+        f"use preset {preset} for the same scheme ({PRESETS[preset].description.rstrip('.')}), or "
+        if preset
+        else f"use a preset ({', '.join(PRESETS)}) or "
+    )
+    return RecipeError(
+        RECIPE_FIELD,
+        f"{stub!r} is a SparseZoo recipe stub; llm-compressor 0.14 removed zoo stubs (they "
+        "downloaded the recipe from SparseZoo), so the recipe it named cannot be loaded",
+        f"{same}paste that recipe's YAML into recipe",
+    )
+
+
 def load_recipe(recipe: str) -> tuple[Any, str, str | None]:
     """Parsed recipe data, its source label, and the name of the preset it came from (if one).
 
@@ -131,6 +157,8 @@ def load_recipe(recipe: str) -> tuple[Any, str, str | None]:
             )
         return data, f"file:{recipe.strip()}", None
 
+    if single_line and recipe.strip().startswith("zoo:"):
+        raise _zoo_stub(recipe.strip())
     data = _parse_yaml(recipe, "the recipe text")
     if not isinstance(data, (dict, list)):
         raise _not_a_recipe(recipe, data)
@@ -275,7 +303,104 @@ def to_recipe_dict(data: Any) -> dict[str, Any]:
     return recipe
 
 
-def migrate_legacy(recipe: dict[str, Any]) -> list[str]:
+class Migrated(NamedTuple):
+    notes: list[str]
+    # Lifted out of the modifiers: oneshot takes them, so the rendered recipe carries them.
+    sequential_targets: list[str] | None
+
+
+def _migrate_observer(where: str, name: str, kwargs: dict[str, Any]) -> str | None:
+    observer = kwargs.get("observer")
+    if not isinstance(observer, str):
+        return None
+    both = [k for k in _SINGLE_OBSERVER_KEYS if kwargs.get(k) is not None]
+    if both:
+        raise RecipeError(
+            RECIPE_FIELD,
+            f"{name} ({where}) sets observer {observer!r} and {', '.join(both)}; "
+            "llm-compressor 0.14 refuses both forms together",
+            f"keep only {', '.join(both)}, or write observer: {{weights: {observer}}} alone",
+        )
+    # 0.14 takes `observer` only as {weights|input|output: name}; a bare name meant weights.
+    kwargs["observer"] = {"weights": observer}
+    return (
+        f"{name} ({where}): legacy observer: {observer} rewritten to "
+        f"observer: {{weights: {observer}}} (llm-compressor 0.14 takes a dict)"
+    )
+
+
+def _family_key(name: str) -> str:
+    """A family or architecture in one spelling: `LlamaForCausalLM`, `llama` -> `llama`."""
+    name = re.sub(r"(ForCausalLM|ForConditionalGeneration|Model)$", "", name)
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def _migrate_mappings(where: str, name: str, kwargs: dict[str, Any]) -> str | None:
+    given = kwargs.get("mappings")
+    if name not in _SMOOTHQUANT_LIKE or not isinstance(given, str):
+        return None
+    from llmcompressor.modifiers.transform.smoothquant.utils import MAPPINGS_REGISTRY
+
+    families = {_family_key(arch): arch for arch in MAPPINGS_REGISTRY}
+    arch = families.get(_family_key(given))
+    if arch is None:
+        default = [[["re:.*q_proj", "re:.*k_proj", "re:.*v_proj"], "re:.*input_layernorm"]]
+        raise RecipeError(
+            RECIPE_FIELD,
+            f"{name} ({where}) has mappings: {given!r}, which names no model family "
+            f"llm-compressor 0.14 keeps SmoothQuant mappings for (known: {', '.join(families)})",
+            f"{_closest(_family_key(given), list(families))}use a known family name, remove "
+            "mappings to let the model's architecture choose them, or write them out in "
+            "llm-compressor 0.14's form, a list of [[balance layer regexes], smooth layer regex], "
+            f"e.g. mappings: {json.dumps(default)}",
+        )
+    # The family's own mappings, written out: the named family decides, as it did before, even
+    # when the model is of another family (SmoothQuant's default would follow the model).
+    kwargs["mappings"] = [
+        [list(mapping.balance_layers), mapping.smooth_layers] for mapping in MAPPINGS_REGISTRY[arch]
+    ]
+    return (
+        f"{name} ({where}): legacy mappings: {given} (a model family name) rewritten to the "
+        f"{len(kwargs['mappings'])} mappings llm-compressor 0.14 keeps for {arch}, written out in "
+        "the recipe (0.14 takes only a list of [[balance layers], smooth layer])"
+    )
+
+
+def _lift_sequential_targets(recipe: dict[str, Any]) -> tuple[list[str] | None, list[str]]:
+    """Remove `sequential_targets` from the modifiers that used to take it: (targets, notes)."""
+    found: dict[str, list[str]] = {}
+    for where, name, kwargs in iter_modifiers(recipe):
+        if name not in _HAD_SEQUENTIAL_TARGETS or "sequential_targets" not in kwargs:
+            continue
+        value = kwargs.pop("sequential_targets")
+        targets = [value] if isinstance(value, str) else value
+        if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+            raise RecipeError(
+                RECIPE_FIELD,
+                f"{name} ({where}) has sequential_targets {value!r}, not a layer class name or "
+                "a list of them",
+                "remove it from the modifier and set recipe.sequential_targets, e.g. "
+                "[LlamaDecoderLayer]",
+            )
+        found[f"{name} ({where})"] = targets
+    if len({tuple(t) for t in found.values()}) > 1:
+        listed = "; ".join(f"{k}: {v}" for k, v in found.items())
+        raise RecipeError(
+            RECIPE_FIELD,
+            f"modifiers give different sequential_targets ({listed}); llm-compressor 0.14 takes "
+            "one list, for the whole oneshot run",
+            "remove sequential_targets from the modifiers and set recipe.sequential_targets once",
+        )
+    notes = [
+        f"{where}: legacy sequential_targets {targets} moved out of the modifier to oneshot's "
+        "sequential_targets (llm-compressor 0.14 takes it only there; recipe.sequential_targets "
+        "sets it)"
+        for where, targets in found.items()
+    ]
+    return (next(iter(found.values())) if found else None), notes
+
+
+def migrate_legacy(recipe: dict[str, Any]) -> Migrated:
     """Rewrite, in place, forms older llm-compressor took and 0.14 refuses; one note per change."""
     notes = []
     for stage_key, stage in recipe.items():
@@ -283,24 +408,11 @@ def migrate_legacy(recipe: dict[str, Any]) -> list[str]:
             run_type = stage.pop("run_type")
             notes.append(f"{stage_key}: removed run_type {run_type!r} (0.14 has no run types)")
     for where, name, kwargs in iter_modifiers(recipe):
-        observer = kwargs.get("observer")
-        if not isinstance(observer, str):
-            continue
-        both = [k for k in _SINGLE_OBSERVER_KEYS if kwargs.get(k) is not None]
-        if both:
-            raise RecipeError(
-                RECIPE_FIELD,
-                f"{name} ({where}) sets observer {observer!r} and {', '.join(both)}; "
-                "llm-compressor 0.14 refuses both forms together",
-                f"keep only {', '.join(both)}, or write observer: {{weights: {observer}}} alone",
-            )
-        # 0.14 takes `observer` only as {weights|input|output: name}; a bare name meant weights.
-        kwargs["observer"] = {"weights": observer}
-        notes.append(
-            f"{name} ({where}): legacy observer: {observer} rewritten to "
-            f"observer: {{weights: {observer}}} (llm-compressor 0.14 takes a dict)"
-        )
-    return notes
+        for migrate in (_migrate_observer, _migrate_mappings):
+            if note := migrate(where, name, kwargs):
+                notes.append(note)
+    sequential_targets, lifted = _lift_sequential_targets(recipe)
+    return Migrated([*notes, *lifted], sequential_targets)
 
 
 # ---------------------------------------------------------------- 4. validate
@@ -327,13 +439,40 @@ def _closest(word: str, choices: list[str], cutoff: float = 0.5) -> str:
     return f"did you mean {' or '.join(close)}? " if close else ""
 
 
-def _fix_for(modifier_cls: type, error: dict[str, Any]) -> str:
+# Fields llm-compressor 0.14 moved off a modifier: the fix, preferred over a similar-looking name
+# (difflib would offer `targets` for `sequential_targets`, which changes what is quantized).
+MOVED_FIELDS: dict[str, str] = {
+    "sequential_targets": "remove `sequential_targets` from the modifier and set "
+    "recipe.sequential_targets (oneshot's argument in llm-compressor 0.14)",
+    "sequential_update": "remove `sequential_update`: llm-compressor 0.14's GPTQ always "
+    "updates layer by layer",
+}
+
+
+def _balance_only_fix(kwargs: dict[str, Any], quantizer_cls: type, balancer_cls: type) -> str:
+    """AWQ in 0.14 only balances; what it was given to quantize goes to a modifier after it."""
+    own = balancer_cls.model_fields
+    moved = {k: v for k, v in kwargs.items() if k in quantizer_cls.model_fields and k not in own}
+    flow = yaml.safe_dump(moved, default_flow_style=True, sort_keys=False, width=10_000).strip()
+    return (
+        f"{balancer_cls.__name__} only balances; put a QuantizationModifier {flow} after it "
+        f"in the same stage and keep only {balancer_cls.__name__}'s own arguments on it"
+    )
+
+
+def _fix_for(modifier_cls: type, error: dict[str, Any], kwargs: dict[str, Any]) -> str:
     from compressed_tensors.quantization.quant_scheme import PRESET_SCHEMES
 
     if not error["loc"]:  # a check across several arguments
         return f"change {modifier_cls.__name__}'s arguments as the message says"
     field = str(error["loc"][0])
     if error["type"] == "extra_forbidden":
+        registry = _modifier_classes()
+        quantizer = registry["QuantizationModifier"]
+        if modifier_cls is registry["AWQModifier"] and field in quantizer.model_fields:
+            return _balance_only_fix(kwargs, quantizer, modifier_cls)
+        if field in MOVED_FIELDS:
+            return MOVED_FIELDS[field]
         fields = [f for f in modifier_cls.model_fields if not f.endswith("_")]
         name = modifier_cls.__name__
         return f"{_closest(field, fields)}remove `{field}` or use a field {name} has"
@@ -355,12 +494,13 @@ def _validation_error(exc: ValidationError, recipe: dict[str, Any]) -> RecipeErr
             f"llm-compressor rejects the recipe: {'; '.join(messages)}",
             "change the recipe as the message says",
         )
-    where = " or ".join(w for w, n, _ in iter_modifiers(recipe) if n == name)
+    found = [(w, k) for w, n, k in iter_modifiers(recipe) if n == name]
+    where = " or ".join(w for w, _ in found)
     details = [
         f"`{'.'.join(map(str, e['loc'])) or 'arguments'}`: {msg} (got {e.get('input')!r})"
         for e, msg in zip(exc.errors(), messages, strict=True)
     ]
-    fixes = dict.fromkeys(_fix_for(registry[name], e) for e in exc.errors())
+    fixes = dict.fromkeys(_fix_for(registry[name], e, found[0][1]) for e in exc.errors())
     return RecipeError(
         RECIPE_FIELD,
         f"llm-compressor rejects {name} in {where}: {'; '.join(details)}",
@@ -432,7 +572,12 @@ def render(args: RecipeArgs) -> RenderedRecipe:
     if preset_name:
         values = effective_args(preset_name, values)
     recipe = to_recipe_dict(substitute(data, values))
-    notes = migrate_legacy(recipe)
+    notes, sequential_targets = migrate_legacy(recipe)
+    if sequential_targets and args.sequential_targets:
+        notes.append(
+            f"recipe.sequential_targets {args.sequential_targets} given too; it wins over the "
+            f"recipe's {sequential_targets}"
+        )
 
     try:
         text = dump_recipe(recipe)
@@ -463,6 +608,7 @@ def render(args: RecipeArgs) -> RenderedRecipe:
         needs_data=needs_data,
         data_modifiers=sum(m.requires_calibration_data for m in modifiers),
         notes=notes,
+        sequential_targets=sequential_targets,
         args=values,
     )
 

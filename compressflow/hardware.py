@@ -1,0 +1,60 @@
+"""What the worker's hardware cannot run, refused as soon as the recipe renders.
+
+Without this, a recipe that needs an accelerator fails in calibration, after the model was
+fetched and its weights loaded. Measured on CPU-only torch with llm-compressor 0.14: AWQ fails;
+GPTQ, SmoothQuant, RTN, AutoRound, SparseGPT, Wanda and SpinQuant run.
+"""
+
+from __future__ import annotations
+
+import os
+
+from compressflow.errors import RecipeError
+from compressflow.results import RenderedRecipe
+
+# Modifier -> why it needs an accelerator.
+NEEDS_ACCELERATOR: dict[str, str] = {
+    "AWQModifier": "llm-compressor's AWQ pins its cached activations in page-locked memory, which "
+    "needs one (calibration would fail with 'Cannot access accelerator device when none is "
+    "available' after the weights load)",
+}
+
+
+def accelerator() -> str | None:
+    """The accelerator torch sees in this process (`cuda`, `xpu`...), or None."""
+    import torch
+
+    return (
+        torch.accelerator.current_accelerator().type if torch.accelerator.is_available() else None
+    )
+
+
+def _why_none() -> str:
+    import torch
+
+    if torch.version.cuda is None and torch.version.hip is None:
+        return f"torch {torch.__version__} is a CPU-only build"
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return "torch sees no GPU" + (
+        f" (CUDA_VISIBLE_DEVICES={hidden!r})" if hidden is not None else ""
+    )
+
+
+def refuse_unsupported(recipe: RenderedRecipe) -> None:
+    """Raise RecipeError if this worker cannot run the recipe's modifiers; before any weights load."""
+    needing = [name for name in recipe.modifiers if name in NEEDS_ACCELERATOR]
+    if not needing or accelerator() is not None:
+        return
+    field = "recipe.preset" if recipe.source.startswith("preset:") else "recipe.recipe"
+    scheme = recipe.scheme or "as given"
+    if recipe.scheme == "W4A16":
+        on_cpu = "use preset W4A16 (GPTQ, the same scheme), which runs on CPU"
+    else:
+        on_cpu = f"replace {' and '.join(needing)} with GPTQModifier (scheme {scheme}), which runs on CPU"
+    raise RecipeError(
+        field,
+        f"{', '.join(needing)} (scheme {scheme}) needs a CUDA GPU worker: this worker has no "
+        f"accelerator ({_why_none()}), and "
+        + "; ".join(NEEDS_ACCELERATOR[name] for name in needing),
+        f"run it on the gpu work pool (a worker whose torch sees a GPU), or {on_cpu}",
+    )
