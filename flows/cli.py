@@ -185,11 +185,33 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="show the libraries' warnings, log lines and progress bars",
     )
+    commands.add_parser(
+        "presets",
+        help="list the recipe presets: what each does, its data, where vLLM runs it",
+        description="The presets recipe.preset accepts, with their recipe_args defaults.",
+    )
     return parser
+
+
+def list_presets() -> int:
+    from compressflow.registries.presets import preset_rows
+
+    for row in preset_rows():
+        print(f"{row['preset']}: {row['what']}")
+        for label, key in (
+            ("data", "data"),
+            ("vLLM runs it on", "vllm_gpus"),
+            ("CPU worker here", "cpu_worker"),
+            ("recipe_args", "placeholders"),
+        ):
+            print(f"    {label}: {row[key] or 'none'}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     options = build_parser().parse_args(argv)
+    if options.command == "presets":
+        return list_presets()
     # After parsing, so that --help answers at once.
     from compressflow.flows.validate import FLOW_GROUPS, Parameters, validate
 

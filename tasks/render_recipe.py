@@ -40,7 +40,7 @@ from compressflow.errors import RecipeError
 from compressflow.logs import run_logger
 from compressflow.params import RecipeArgs
 from compressflow.recipe_tree import dump_recipe, first_scheme, iter_modifiers
-from compressflow.registries.presets import PRESETS, Preset
+from compressflow.registries.presets import PRESETS, Preset, resolve_args
 from compressflow.results import RenderedRecipe
 
 if TYPE_CHECKING:
@@ -180,7 +180,7 @@ def effective_args(preset_name: str, recipe_args: dict[str, Any]) -> dict[str, A
             f"remove {', '.join(unknown)} or use the names above; for other changes pass the "
             f"preset's YAML (tasks.recipe_presets.PRESETS[{preset_name!r}].template) edited",
         )
-    return {**preset.defaults(), **recipe_args}
+    return resolve_args(preset_name, {**preset.defaults(), **recipe_args})
 
 
 # ---------------------------------------------------------------- 2. substitute

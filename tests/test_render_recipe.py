@@ -85,7 +85,12 @@ def test_preset_defaults_and_overrides():
     result = render("W4A16", recipe_args={"dampening_frac": 0.05, "ignore": ignore})
     assert rendered_gptq(result)["dampening_frac"] == 0.05
     assert rendered_gptq(result)["ignore"] == ignore
-    assert result.args == {"ignore": ignore, "dampening_frac": 0.05, "block_size": 128}
+    assert result.args == {
+        "ignore": ignore,
+        "dampening_frac": 0.05,
+        "block_size": 128,
+        "kv_cache_scheme": None,
+    }
 
 
 def test_preset_refuses_an_unknown_arg_and_lists_its_placeholders():

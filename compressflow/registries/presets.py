@@ -1,8 +1,17 @@
 """Preset recipes: the named recipes a user can pass as `recipe` instead of writing YAML.
 
-Plain data only, so the registry can be listed in docs and the UI without importing
+Plain data only, so the registry can be listed in docs, the CLI and the UI without importing
 llm-compressor. Each preset is a YAML template whose `$name` placeholders all have a default and a
 one-line doc; `recipe_args` override the defaults. `tasks.render_recipe` renders and validates them.
+
+Beside the recipe, each preset records what an engineer picks it by: the GPUs vLLM serves it on
+(vLLM's quantization docs and its compressed-tensors scheme selection), whether it calibrates on
+data, and whether the whole flow runs it on a CPU-only worker here. That last one is measured
+(llm-compressor 0.14.0.1, compressed-tensors 0.19, CPU torch 2.13) on the tiny Llama, and
+`tests/test_presets.py` keeps it true: each CPU preset is compressed, verified and reloaded there.
+
+Every preset takes `kv_cache_scheme`: null (the default) leaves the KV cache in the model's dtype;
+`fp8` names `KV_CACHE_FP8`. KV scales are calibrated, so with it a data-free preset needs samples.
 """
 
 from __future__ import annotations
@@ -10,11 +19,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from compressflow.errors import RecipeError
+
 
 @dataclass(frozen=True)
 class Placeholder:
     default: Any
     doc: str
+    # Names for long values (`fp8` for a whole KV-cache scheme): the UI's recipe_args is free
+    # JSON, and a name is easier to type, and to sweep over, than a nested mapping.
+    named: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -22,20 +36,70 @@ class Preset:
     description: str
     template: str
     placeholders: dict[str, Placeholder] = field(default_factory=dict)
+    # Where vLLM serves the checkpoint, by NVIDIA compute capability.
+    vllm_gpus: str = ""
+    # Whether calibration needs samples; tests check render's `needs_data` agrees.
+    needs_data: bool = True
+    # Whether the flow runs it on a CPU-only worker; if not, the error it gives there.
+    cpu_ok: bool = True
+    why_gpu_only: str = ""
+    # What a user must know beyond the description, measured here.
+    caveat: str = ""
+
+    def __post_init__(self):
+        if self.cpu_ok == bool(self.why_gpu_only):
+            raise ValueError("a preset is cpu_ok, or GPU-only with why_gpu_only saying why")
 
     def defaults(self) -> dict[str, Any]:
         return {name: p.default for name, p in self.placeholders.items()}
 
+    @property
+    def data(self) -> str:
+        return "calibration samples" if self.needs_data else "data-free"
+
+    @property
+    def what(self) -> str:
+        return f"{self.description} {self.caveat}".strip()
+
+    def summary(self) -> str:
+        """One line for help texts: what, data, where vLLM runs it, where it runs here."""
+        here = "Runs on CPU workers" if self.cpu_ok else f"GPU workers only: {self.why_gpu_only}"
+        return f"{self.what} {self.data.capitalize()}. vLLM: {self.vllm_gpus}. {here}."
+
+
+# The FP8 KV cache as llm-compressor's examples write it (examples/quantization_kv_cache): one
+# static scale per tensor for keys and one for values, which vLLM reads with kv_cache_dtype fp8.
+KV_CACHE_FP8: dict[str, Any] = {
+    "num_bits": 8,
+    "type": "float",
+    "strategy": "tensor",
+    "dynamic": False,
+    "symmetric": True,
+}
 
 _IGNORE = Placeholder(["lm_head"], "Module names or `re:` patterns left unquantized")
 _DAMPENING = Placeholder(0.01, "GPTQ Hessian dampening, as a fraction of its mean diagonal")
 _BLOCK_SIZE = Placeholder(128, "Columns GPTQ quantizes per block; memory against speed")
+_KV_CACHE = Placeholder(
+    None,
+    "KV-cache quantization: null (off), fp8 (per-tensor FP8, scales calibrated on the samples), "
+    "or a compressed-tensors QuantizationArgs mapping",
+    named={"fp8": KV_CACHE_FP8},
+)
+
+# vLLM's kernels: Marlin serves int4 and weight-only FP8/FP4 from Ampere; FP8 compute needs
+# Ada/Hopper, FP4 compute Blackwell (elsewhere vLLM falls back to weight-only FP4 Marlin).
+_MARLIN = "Ampere (sm80)+ via Marlin"
+_FP4 = "Blackwell (sm100)+; older GPUs weight-only via FP4 Marlin"
+# compressed-tensors 0.19 unpacks FP4 weights as bf16 whatever the model's dtype: verify's reload
+# of a float32 model fails with "expected m1 and m2 to have the same dtype, but got: float !=
+# c10::BFloat16"; a bf16 copy of the same model passes (vLLM has its own loader).
+_FP4_RELOAD = "Needs a bf16 source model: a float32 one fails verify's reload (dtype mismatch)."
 
 # Keys are the canonical names; lookup is case-insensitive (see render_recipe.find_preset).
 PRESETS: dict[str, Preset] = {
     "W4A16": Preset(
-        description="GPTQ 4-bit weights (group size 128), 16-bit activations. "
-        "Needs calibration data.",
+        description="GPTQ int4 weights (groups of 128), 16-bit activations.",
         template="""\
 quant_stage:
   quant_modifiers:
@@ -45,16 +109,65 @@ quant_stage:
       ignore: $ignore
       dampening_frac: $dampening_frac
       block_size: $block_size
+      kv_cache_scheme: $kv_cache_scheme
 """,
         placeholders={
             "ignore": _IGNORE,
             "dampening_frac": _DAMPENING,
             "block_size": _BLOCK_SIZE,
+            "kv_cache_scheme": _KV_CACHE,
         },
+        vllm_gpus=_MARLIN,
+    ),
+    "W4A16_AWQ": Preset(
+        description="AWQ activation-aware scales, then int4 weights with zero points (groups of "
+        "128); for models GPTQ loses accuracy on.",
+        # Asymmetric, as llm-compressor's AWQ examples: scaled weights have skewed ranges.
+        template="""\
+quant_stage:
+  quant_modifiers:
+    AWQModifier:
+      n_grid: $n_grid
+    QuantizationModifier:
+      targets: Linear
+      scheme: W4A16_ASYM
+      ignore: $ignore
+      kv_cache_scheme: $kv_cache_scheme
+""",
+        placeholders={
+            "n_grid": Placeholder(20, "Scales AWQ tries per layer; more is slower"),
+            "ignore": _IGNORE,
+            "kv_cache_scheme": _KV_CACHE,
+        },
+        vllm_gpus=_MARLIN,
+        cpu_ok=False,
+        why_gpu_only="AWQ pins memory: 'Cannot access accelerator device' on CPU torch; refused "
+        "before the model loads",
+    ),
+    "W4A16_AUTOROUND": Preset(
+        description="AutoRound (rounding and clipping tuned by signed gradient descent, layer by "
+        "layer), int4 weights (groups of 128); for models GPTQ loses accuracy on.",
+        template="""\
+quant_stage:
+  quant_modifiers:
+    AutoRoundModifier:
+      targets: Linear
+      scheme: W4A16
+      ignore: $ignore
+      iters: $iters
+      kv_cache_scheme: $kv_cache_scheme
+""",
+        placeholders={
+            "ignore": _IGNORE,
+            # Measured on CPU: 200 steps took 190 s on the 2-layer tiny Llama, 20 took 35 s.
+            "iters": Placeholder(200, "Tuning steps per decoder layer; time grows with it"),
+            "kv_cache_scheme": _KV_CACHE,
+        },
+        vllm_gpus=_MARLIN,
     ),
     "W8A8": Preset(
-        description="SmoothQuant then GPTQ: 8-bit weights and 8-bit activations (int8). "
-        "Needs calibration data.",
+        description="SmoothQuant then GPTQ: int8 weights (per channel), dynamic int8 activations "
+        "(per token).",
         template="""\
 quant_stage:
   quant_modifiers:
@@ -66,6 +179,7 @@ quant_stage:
       ignore: $ignore
       dampening_frac: $dampening_frac
       block_size: $block_size
+      kv_cache_scheme: $kv_cache_scheme
 """,
         placeholders={
             "smoothing_strength": Placeholder(
@@ -74,10 +188,34 @@ quant_stage:
             "ignore": _IGNORE,
             "dampening_frac": _DAMPENING,
             "block_size": _BLOCK_SIZE,
+            "kv_cache_scheme": _KV_CACHE,
         },
+        vllm_gpus="Turing to Hopper (sm75-sm90)",
+    ),
+    "W8A8_GPTQ": Preset(
+        description="GPTQ int8 weights (per channel), dynamic int8 activations (per token), no "
+        "SmoothQuant; for families SmoothQuant has no mapping for.",
+        template="""\
+quant_stage:
+  quant_modifiers:
+    GPTQModifier:
+      targets: Linear
+      scheme: W8A8
+      ignore: $ignore
+      dampening_frac: $dampening_frac
+      block_size: $block_size
+      kv_cache_scheme: $kv_cache_scheme
+""",
+        placeholders={
+            "ignore": _IGNORE,
+            "dampening_frac": _DAMPENING,
+            "block_size": _BLOCK_SIZE,
+            "kv_cache_scheme": _KV_CACHE,
+        },
+        vllm_gpus="Turing to Hopper (sm75-sm90)",
     ),
     "FP8_DYNAMIC": Preset(
-        description="FP8 weights (per channel) and dynamic per-token FP8 activations. Data-free.",
+        description="FP8 weights (per channel), dynamic FP8 activations (per token).",
         template="""\
 quant_stage:
   quant_modifiers:
@@ -85,7 +223,162 @@ quant_stage:
       targets: Linear
       scheme: FP8_DYNAMIC
       ignore: $ignore
+      kv_cache_scheme: $kv_cache_scheme
 """,
-        placeholders={"ignore": _IGNORE},
+        placeholders={"ignore": _IGNORE, "kv_cache_scheme": _KV_CACHE},
+        vllm_gpus="Ada/Hopper (sm89/sm90)+; Ampere (sm80) weight-only via FP8 Marlin",
+        needs_data=False,
+    ),
+    "FP8_BLOCK": Preset(
+        description="FP8 weights in 128x128 blocks, dynamic FP8 activations in groups of 128 "
+        "(DeepSeek-V3 style).",
+        template="""\
+quant_stage:
+  quant_modifiers:
+    QuantizationModifier:
+      targets: Linear
+      scheme: FP8_BLOCK
+      ignore: $ignore
+      kv_cache_scheme: $kv_cache_scheme
+""",
+        placeholders={"ignore": _IGNORE, "kv_cache_scheme": _KV_CACHE},
+        vllm_gpus="Ada/Hopper (sm89/sm90)+",
+        needs_data=False,
+    ),
+    "NVFP4A16": Preset(
+        description="NVFP4 weights (FP4 in groups of 16, FP8 scales), 16-bit activations.",
+        template="""\
+quant_stage:
+  quant_modifiers:
+    QuantizationModifier:
+      targets: Linear
+      scheme: NVFP4A16
+      ignore: $ignore
+      kv_cache_scheme: $kv_cache_scheme
+""",
+        placeholders={"ignore": _IGNORE, "kv_cache_scheme": _KV_CACHE},
+        vllm_gpus="Ampere (sm80)+ via FP4 Marlin",
+        needs_data=False,
+        caveat=_FP4_RELOAD,
+    ),
+    "NVFP4": Preset(
+        description="NVFP4 weights and activations (FP4 in groups of 16, FP8 scales); activation "
+        "global scales are calibrated.",
+        template="""\
+quant_stage:
+  quant_modifiers:
+    QuantizationModifier:
+      targets: Linear
+      scheme: NVFP4
+      ignore: $ignore
+      kv_cache_scheme: $kv_cache_scheme
+""",
+        placeholders={"ignore": _IGNORE, "kv_cache_scheme": _KV_CACHE},
+        vllm_gpus=_FP4,
+        caveat=_FP4_RELOAD,
+    ),
+    "MXFP4": Preset(
+        description="MXFP4 weights and dynamic activations (FP4 in groups of 32, power-of-two "
+        "scales: OCP microscaling).",
+        template="""\
+quant_stage:
+  quant_modifiers:
+    QuantizationModifier:
+      targets: Linear
+      scheme: MXFP4
+      ignore: $ignore
+      kv_cache_scheme: $kv_cache_scheme
+""",
+        placeholders={"ignore": _IGNORE, "kv_cache_scheme": _KV_CACHE},
+        vllm_gpus=_FP4,
+        needs_data=False,
+        caveat=_FP4_RELOAD,
+    ),
+    "W4AFP8": Preset(
+        description="GPTQ int4 weights (groups of 128), dynamic FP8 activations (per token).",
+        # compressed-tensors' W4AFP8 scheme written out only to add `format`: the preset name
+        # saves int4 unpacked in int8 (`int-quantized`), and vLLM's W4A8-FP8 kernel reads packed.
+        template="""\
+quant_stage:
+  quant_modifiers:
+    GPTQModifier:
+      config_groups:
+        group_0:
+          targets: [Linear]
+          format: pack-quantized
+          weights: {num_bits: 4, type: int, strategy: group, group_size: 128, symmetric: true}
+          input_activations: {num_bits: 8, type: float, strategy: token, symmetric: true,
+            dynamic: true}
+      ignore: $ignore
+      dampening_frac: $dampening_frac
+      block_size: $block_size
+      kv_cache_scheme: $kv_cache_scheme
+""",
+        placeholders={
+            "ignore": _IGNORE,
+            "dampening_frac": _DAMPENING,
+            "block_size": _BLOCK_SIZE,
+            "kv_cache_scheme": _KV_CACHE,
+        },
+        # vLLM matches its W4A8-FP8 CUTLASS kernel on sm90 exactly.
+        vllm_gpus="Hopper (sm90)",
     ),
 }
+
+
+def resolve_args(preset_name: str, values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with each name a placeholder knows (`kv_cache_scheme: fp8`) replaced by its value.
+
+    A string a named placeholder does not know is refused here: passed on, it would reach
+    llm-compressor's parser and fail there with a message that does not list the names.
+    """
+    placeholders = PRESETS[preset_name].placeholders
+    resolved = dict(values)
+    for name, value in values.items():
+        named = placeholders[name].named if name in placeholders else {}
+        if not named or not isinstance(value, str):
+            continue
+        key = value.strip().lower()
+        if key not in named:
+            raise RecipeError(
+                "recipe.recipe_args",
+                f"{name} is {value!r}, a name preset {preset_name} does not know",
+                f"use {' or '.join(named)}, null, or a full mapping ({placeholders[name].doc})",
+            )
+        resolved[name] = named[key]
+    return resolved
+
+
+def preset_rows() -> list[dict[str, str]]:
+    """One row per preset, in registry order, for `compressflow presets` and the README table."""
+    return [
+        {
+            "preset": name,
+            "what": preset.what,
+            "placeholders": ", ".join(f"{k}={v!r}" for k, v in preset.defaults().items()),
+            "data": preset.data,
+            "vllm_gpus": preset.vllm_gpus,
+            "cpu_worker": "yes" if preset.cpu_ok else f"no: {preset.why_gpu_only}",
+        }
+        for name, preset in PRESETS.items()
+    ]
+
+
+# The README's "## Recipes" table: its column headers and the preset_rows() key each shows.
+README_COLUMNS = {
+    "preset": "preset",
+    "what": "what",
+    "data": "data",
+    "vLLM runs it on": "vllm_gpus",
+    "CPU worker here": "cpu_worker",
+}
+
+
+def markdown_table() -> str:
+    """The README's preset table, generated from the registry (tests compare the two)."""
+    lines = ["| " + " | ".join(README_COLUMNS) + " |", "|" + "---|" * len(README_COLUMNS)]
+    for row in preset_rows():
+        cells = [row[key].replace("|", "\\|") for key in README_COLUMNS.values()]
+        cells[0] = f"`{cells[0]}`"
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,226 @@
+"""The preset registry: every preset renders and validates, does what the registry claims on a
+CPU-only worker, and is listed in the README exactly as the registry says.
+
+CPU presets run end to end on the tiny model (compress, verify, publish) and the published folder
+is reloaded in a fresh process and compared with the base model. GPU-only presets are checked as
+far as a CPU worker can: rendered, validated, refused with the reason, and traced on the meta
+model once that refusal is set aside.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from reload_check import assert_published_model_matches_base
+
+from compressflow.errors import RecipeError
+from compressflow.flows.compress import compress
+from compressflow.flows.validate import validate
+from compressflow.hardware import NEEDS_ACCELERATOR, accelerator
+from compressflow.manifest import read_manifest
+from compressflow.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
+from compressflow.recipe_tree import iter_modifiers
+from compressflow.registries.presets import (
+    KV_CACHE_FP8,
+    PRESETS,
+    README_COLUMNS,
+    markdown_table,
+    preset_rows,
+    resolve_args,
+)
+from compressflow.tasks.render_recipe import render
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+CPU_PRESETS = [name for name, preset in PRESETS.items() if preset.cpu_ok]
+GPU_PRESETS = [name for name, preset in PRESETS.items() if not preset.cpu_ok]
+# compressed-tensors unpacks FP4 weights as bf16, so these run on a bf16 copy of the tiny model.
+BF16_PRESETS = {name for name, preset in PRESETS.items() if "bf16" in preset.caveat}
+# Lean e2e: AutoRound's default 200 steps per layer take minutes on CPU; 10 exercise the path.
+E2E_ARGS = {"W4A16_AUTOROUND": {"iters": 10}}
+
+
+def small_data() -> DatasetArgs:
+    return DatasetArgs(dataset_name="python_docs", text_samples=16, max_seq_len=64)
+
+
+def quantizing_modifier(rendered) -> dict:
+    """The arguments of the rendered recipe's modifier that quantizes (the one with a scheme)."""
+    recipe = yaml.safe_load(rendered.yaml)
+    [kwargs] = [k for _, _, k in iter_modifiers(recipe) if "scheme" in k or "config_groups" in k]
+    return kwargs
+
+
+@pytest.fixture(scope="session")
+def tiny_model_bf16(tiny_model, test_root) -> Path:
+    """The tiny model saved in bf16, the dtype real checkpoints ship in."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = test_root / "tiny-llama-bf16"
+    if not (path / "config.json").exists():
+        model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16)
+        model.save_pretrained(path)
+        AutoTokenizer.from_pretrained(tiny_model).save_pretrained(path)
+    return path
+
+
+# ---------------------------------------------------------------- every preset
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_preset_renders_validates_and_needs_the_data_it_claims(name):
+    preset = PRESETS[name]
+    rendered = render(RecipeArgs(preset=name))
+    assert rendered.source == f"preset:{name}"
+    assert rendered.needs_data == preset.needs_data
+    assert rendered.pipeline == ("sequential" if preset.needs_data else "datafree")
+    assert quantizing_modifier(rendered)["kv_cache_scheme"] is None
+    assert preset.vllm_gpus and preset.description.endswith(".")
+    assert all(p.doc for p in preset.placeholders.values())
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_preset_takes_the_fp8_kv_cache_which_needs_data(name):
+    rendered = render(
+        RecipeArgs(preset=name, recipe_args=resolve_args(name, {"kv_cache_scheme": "fp8"}))
+    )
+    assert quantizing_modifier(rendered)["kv_cache_scheme"] == KV_CACHE_FP8
+    assert rendered.needs_data and rendered.pipeline == "sequential"
+
+
+def test_kv_cache_fp8_is_a_name_recipe_args_take():
+    """Needs tasks/render_recipe.effective_args to return its values through resolve_args."""
+    rendered = render(RecipeArgs(preset="FP8_DYNAMIC", recipe_args={"kv_cache_scheme": "fp8"}))
+    assert quantizing_modifier(rendered)["kv_cache_scheme"] == KV_CACHE_FP8
+    assert rendered.args["kv_cache_scheme"] == KV_CACHE_FP8
+
+
+def test_an_unknown_kv_cache_name_is_refused_with_the_names():
+    with pytest.raises(RecipeError) as raised:
+        resolve_args("W4A16", {"kv_cache_scheme": "fp16"})
+    assert raised.value.field == "recipe.recipe_args"
+    assert "fp16" in str(raised.value) and "fp8" in raised.value.fix
+    mapping = {**KV_CACHE_FP8, "strategy": "attn_head"}  # full mappings pass as given
+    assert resolve_args("W4A16", {"kv_cache_scheme": mapping}) == {"kv_cache_scheme": mapping}
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_gpu_only_exactly_where_the_worker_check_refuses(name):
+    """The registry's cpu_ok agrees with the modifiers compressflow.hardware refuses on CPU."""
+    rendered = render(RecipeArgs(preset=name))
+    assert PRESETS[name].cpu_ok == (not set(rendered.modifiers) & set(NEEDS_ACCELERATOR))
+
+
+# ---------------------------------------------------------------- the listing and the README
+
+
+def test_listing_has_a_row_per_preset_with_gpu_only_marked():
+    rows = preset_rows()
+    assert [row["preset"] for row in rows] == list(PRESETS)
+    for row in rows:
+        preset = PRESETS[row["preset"]]
+        assert set(row) == {"preset", "what", "placeholders", "data", "vllm_gpus", "cpu_worker"}
+        assert all(f"{key}=" in row["placeholders"] for key in preset.placeholders)
+        assert row["cpu_worker"] == "yes" if preset.cpu_ok else row["cpu_worker"].startswith("no: ")
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The cells of a Markdown table's body rows (header and separator dropped)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip().startswith("|")]
+    return [[cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]] for line in lines[2:]]
+
+
+def test_readme_recipes_table_is_the_registry():
+    section = README.read_text(encoding="utf-8").split("\n## Recipes\n", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    table = section[section.index("| preset |") :].split("\n\n", 1)[0]
+    assert table.splitlines()[0] == "| " + " | ".join(README_COLUMNS) + " |"
+    rows = table_rows(table)
+    assert [row[0].strip("`") for row in rows] == list(PRESETS), (
+        "README's preset table lists other presets than the registry; paste "
+        "compressflow.registries.presets.markdown_table() into README.md's ## Recipes"
+    )
+    assert rows == table_rows(markdown_table()), "README's preset table is out of date"
+
+
+# ---------------------------------------------------------------- GPU-only presets on CPU
+
+
+@pytest.mark.parametrize("name", GPU_PRESETS)
+def test_gpu_only_preset_is_refused_here_and_passes_every_other_check(
+    name, tiny_model, tmp_path, monkeypatch
+):
+    params = dict(
+        model={"model_id": str(tiny_model)},
+        dataset={"dataset_name": "python_docs", "text_samples": 8, "max_seq_len": 64},
+        recipe={"preset": name},
+        output={"save_directory": str(tmp_path / "out")},
+    )
+    if accelerator() is None:
+        with pytest.raises(RecipeError, match="needs a CUDA GPU worker"):
+            validate(**params)
+    # What a GPU worker checks beyond the hardware, without weights: the trace on the meta model.
+    monkeypatch.setattr("compressflow.flows.checks.refuse_unsupported", lambda recipe: None)
+    checks = {check.name: check.detail for check in validate(**params).checks}
+    if PRESETS[name].needs_data:
+        assert re.search(r"\d+ subgraphs", checks["traceability"]), checks
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------- CPU presets end to end
+
+
+@pytest.mark.usefixtures("prefect_harness")
+@pytest.mark.parametrize("name", CPU_PRESETS)
+def test_cpu_preset_publishes_a_verified_model_that_reloads(
+    name, tiny_model, tiny_model_bf16, tmp_path
+):
+    source = tiny_model_bf16 if name in BF16_PRESETS else tiny_model
+    published = compress(
+        model=ModelArgs(model_id=str(source)),
+        dataset=small_data(),
+        recipe=RecipeArgs(preset=name, recipe_args=E2E_ARGS.get(name, {})),
+        output=OutputArgs(save_directory=str(tmp_path / name)),
+    )
+    assert read_manifest(Path(published.path)).verification.passed
+    assert published.compression_ratio > 1.5
+    assert_published_model_matches_base(Path(published.path), source, "LlamaForCausalLM")
+
+
+@pytest.mark.usefixtures("prefect_harness")
+def test_fp8_kv_cache_calibrates_and_saves_kv_scales(tiny_model, tmp_path):
+    from safetensors import safe_open
+
+    published = compress(
+        model=ModelArgs(model_id=str(tiny_model)),
+        dataset=small_data(),
+        recipe=RecipeArgs(
+            preset="FP8_DYNAMIC",
+            recipe_args=resolve_args("FP8_DYNAMIC", {"kv_cache_scheme": "fp8"}),
+        ),
+        output=OutputArgs(save_directory=str(tmp_path / "kv")),
+    )
+    path = Path(published.path)
+    assert read_manifest(path).verification.passed
+    config = json.loads((path / "config.json").read_text())["quantization_config"]
+    assert {k: config["kv_cache_scheme"][k] for k in KV_CACHE_FP8} == KV_CACHE_FP8
+    with safe_open(str(next(path.glob("*.safetensors"))), framework="pt") as handle:
+        names = set(handle.keys())
+    assert {"model.layers.0.self_attn.k_scale", "model.layers.0.self_attn.v_scale"} <= names
+    assert_published_model_matches_base(path, tiny_model, "LlamaForCausalLM")
+
+
+def test_the_cli_lists_every_preset_with_its_hardware(capsys):
+    from compressflow.flows.cli import main
+    from compressflow.registries.presets import PRESETS
+
+    assert main(["presets"]) == 0
+    listed = capsys.readouterr().out
+    for name, preset in PRESETS.items():
+        assert f"{name}: " in listed
+        assert preset.vllm_gpus in listed
+    assert "CPU worker here: no" in listed  # AWQ is marked GPU-only
