@@ -603,7 +603,7 @@ def render(args: RecipeArgs) -> RenderedRecipe:
         sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
         source=source,
         modifiers=[type(m).__name__ for m in modifiers],
-        scheme=first_scheme(recipe),
+        scheme=first_scheme(recipe) or preset_name,  # W4AFP8 is written out as config groups
         pipeline=pipeline,
         needs_data=needs_data,
         data_modifiers=sum(m.requires_calibration_data for m in modifiers),
