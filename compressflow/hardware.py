@@ -1,4 +1,4 @@
-"""What the worker's hardware cannot run, refused as soon as the recipe renders.
+"""What the worker's hardware (or the model's dtype) cannot run, refused before weights load.
 
 Without this, a recipe that needs an accelerator fails in calibration, after the model was
 fetched and its weights loaded. Measured on CPU-only torch with llm-compressor 0.14: AWQ fails;
@@ -7,10 +7,14 @@ GPTQ, SmoothQuant, RTN, AutoRound, SparseGPT, Wanda and SpinQuant run.
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 from compressflow.errors import RecipeError
-from compressflow.results import RenderedRecipe
+from compressflow.results import FetchedModel, RenderedRecipe
+
+FP4_SCHEMES = ("NVFP4", "NVFP4A16", "MXFP4", "MXFP4A16")
 
 # Modifier -> why it needs an accelerator.
 NEEDS_ACCELERATOR: dict[str, str] = {
@@ -57,4 +61,22 @@ def refuse_unsupported(recipe: RenderedRecipe) -> None:
         f"accelerator ({_why_none()}), and "
         + "; ".join(NEEDS_ACCELERATOR[name] for name in needing),
         f"run it on the gpu work pool (a worker whose torch sees a GPU), or {on_cpu}",
+    )
+
+
+def refuse_fp4_on_float32(recipe: RenderedRecipe, model: FetchedModel) -> None:
+    """FP4 on a float32 checkpoint: compressed-tensors unpacks FP4 weights as bf16, so the
+    reloaded model mixes float32 and bf16 and fails verification after calibration (measured)."""
+    if recipe.scheme not in FP4_SCHEMES:
+        return
+    config = json.loads((Path(model.path) / "config.json").read_text())
+    dtype = config.get("dtype") or config.get("torch_dtype")
+    if dtype != "float32":
+        return
+    raise RecipeError(
+        "recipe.preset" if recipe.source.startswith("preset:") else "recipe.recipe",
+        f"{recipe.scheme} needs a bf16 or fp16 model, and {model.model_id} is float32 "
+        "(compressed-tensors unpacks FP4 weights as bf16, so the result would not reload)",
+        "save the model in bf16 first (model.to(torch.bfloat16).save_pretrained(...); real "
+        "checkpoints ship in bf16), or pick an FP8 or int preset",
     )

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from compressflow.disk_space import check_free_space
-from compressflow.hardware import refuse_unsupported
+from compressflow.hardware import refuse_fp4_on_float32, refuse_unsupported
 from compressflow.manifest import check_target, output_path, run_key
 from compressflow.params import CalibrationArgs, DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
 from compressflow.results import BuiltDataset, FetchedModel, MemoryPlan, RenderedRecipe
@@ -57,6 +57,7 @@ def resolve_inputs(
     # Called directly, not as a stage: a check of this process's hardware, never cached.
     refuse_unsupported(rendered)
     fetched = run(fetch_model, model, weights)
+    refuse_fp4_on_float32(rendered, fetched)
     rendered = run(adapt_recipe, rendered, fetched)
     built = run(build_dataset, dataset, fetched, rendered.needs_data)
     return Inputs(

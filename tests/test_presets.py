@@ -171,6 +171,18 @@ def test_gpu_only_preset_is_refused_here_and_passes_every_other_check(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("name", sorted(BF16_PRESETS))
+def test_fp4_preset_on_a_float32_model_is_refused_before_weights_load(name, tiny_model, tmp_path):
+    with pytest.raises(RecipeError, match="needs a bf16 or fp16 model"):
+        validate(
+            model={"model_id": str(tiny_model)},
+            dataset={"dataset_name": "python_docs", "text_samples": 8, "max_seq_len": 64},
+            recipe={"preset": name},
+            output={"save_directory": str(tmp_path / "out")},
+        )
+    assert not (tmp_path / "out").exists()
+
+
 # ---------------------------------------------------------------- CPU presets end to end
 
 
