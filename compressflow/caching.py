@@ -83,12 +83,19 @@ class LocalSourceAware(CachePolicy):
         if base is None:
             return None
         signatures = [
-            sig
-            for text in sorted(set(_strings(inputs)))
-            if "\n" not in text and len(text) < 4096
-            if (sig := stat_signature(Path(text).expanduser())) is not None
+            sig for path in local_paths(inputs) if (sig := stat_signature(path)) is not None
         ]
         return hashlib.sha256("\n".join([base, RESULTS_SOURCE, *signatures]).encode()).hexdigest()
+
+
+def local_paths(inputs: dict[str, Any]) -> list[Path]:
+    """Every input string that could name a local file or folder. Not "": an unset field would
+    be the working directory, whose every edit would then miss the cache (and stat a checkout)."""
+    return [
+        Path(text).expanduser()
+        for text in sorted(set(_strings(inputs)))
+        if text and "\n" not in text and len(text) < 4096
+    ]
 
 
 def cache_root() -> Path:

@@ -149,7 +149,7 @@ def link_runs(compress_run_id: str, key: str) -> None:
             client.create_artifact(
                 ArtifactCreate(
                     key=f"{key}-evaluated-by",
-                    type="link",
+                    type="markdown",  # what create_link_artifact stores too
                     data=f"[its evaluation: {flow_run.name}]({here})",
                     description="The evaluate-model run this compression triggered.",
                     flow_run_id=compress_run_id,

@@ -106,20 +106,24 @@ def loading_class(path: Path, args: ModelArgs) -> str:
     return named[0]
 
 
-def hub_token(block_name: str | None) -> str | None:
-    """The hub token from a Secret block, else HF_TOKEN (huggingface_hub reads it itself)."""
-    if block_name is None:
+def hub_token(block_name: str) -> str | None:
+    """The hub token from a Secret block, else None: huggingface_hub then reads HF_TOKEN itself."""
+    if not block_name:
         return None
     from prefect.blocks.system import Secret
+    from prefect.settings import PREFECT_API_URL
 
     try:
         return Secret.load(block_name).get()
-    except ValueError as exc:
+    except ValueError:
+        # `from None`: Prefect's chained ValueError/ObjectNotFound/HTTP tracebacks bury the fix.
         raise ModelFetchError(
             "model.hub_token_block",
-            f"no Secret block named {block_name!r} ({exc})",
-            f"create it: Secret(value='hf_...').save({block_name!r}), or run `python -m compressflow.blocks.register` with HF_TOKEN set",
-        ) from exc
+            f"no Secret block named {block_name!r} on {PREFECT_API_URL.value()}",
+            "create it (`HF_TOKEN=hf_... python -m compressflow.blocks.register` saves "
+            "'hf-token'; any name: UI > Blocks > + > Secret), or leave hub_token_block out to "
+            "use the worker's HF_TOKEN",
+        ) from None
 
 
 def hub_outage(error: BaseException | None) -> str | None:
@@ -166,11 +170,12 @@ def fetch_from_hub(args: ModelArgs, weights: bool = True) -> tuple[Path, str]:
     )
 
     revision = args.revision or "main"
+    token = hub_token(args.hub_token_block)  # a missing block fails here, before any download
     try:
         folder = snapshot_download(
             args.model_id,
             revision=revision,
-            token=hub_token(args.hub_token_block),
+            token=token,
             ignore_patterns=HUB_IGNORE_PATTERNS,
             allow_patterns=None if weights else HUB_CONFIG_PATTERNS,
             # Offline, a commit-sha revision would still try the network: look in the cache.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pytest
 from prefect import task
@@ -24,3 +25,12 @@ def test_results_pickled_by_older_result_models_are_not_reused(monkeypatch):
     # What upgrading compressflow does when compressflow/results.py changed (a field added).
     monkeypatch.setattr(caching, "RESULTS_SOURCE", "results.py of another version")
     assert echo(value, return_state=True).name != "Cached"
+
+
+def test_an_unset_text_field_is_not_the_working_directory():
+    from compressflow.caching import local_paths
+    from compressflow.params import ModelArgs
+
+    paths = local_paths({"args": ModelArgs(model_id="/models/x")})
+    assert Path("/models/x") in paths
+    assert Path("") not in paths and Path(".") not in paths
