@@ -9,7 +9,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo test unit lint format clean
+.PHONY: demo test unit lint format clean screenshots
 
 # torch first, pinned: resolving a bare torch pulls the newest CUDA build (several GB).
 $(STAMP): pyproject.toml
@@ -41,3 +41,8 @@ format: $(STAMP)
 
 clean:
 	rm -rf .demo outputs
+
+# The README's UI screenshots: a real server, the compress deployment on the tiny model, and
+# Debian's headless chromium (apt-get install chromium).
+screenshots: $(STAMP)
+	$(PY) tools/ui_screenshots.py

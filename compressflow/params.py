@@ -126,7 +126,7 @@ def _preset_help() -> str:
     for name, preset in PRESETS.items():
         defaults = ", ".join(f"`{key}`={value!r}" for key, value in preset.defaults().items())
         lines.append(f"- **{name}**: {preset.description} Placeholders: {defaults or 'none'}.")
-    return "\n".join(lines)
+    return "\n\n".join(lines)  # paragraphs: the UI joins single-newline list items into one
 
 
 class RecipeArgs(_Args):
