@@ -94,7 +94,10 @@ _FP4 = "Blackwell (sm100)+; older GPUs weight-only via FP4 Marlin"
 # compressed-tensors 0.19 unpacks FP4 weights as bf16 whatever the model's dtype: verify's reload
 # of a float32 model fails with "expected m1 and m2 to have the same dtype, but got: float !=
 # c10::BFloat16"; a bf16 copy of the same model passes (vLLM has its own loader).
-_FP4_RELOAD = "Needs a bf16 source model: a float32 one fails verify's reload (dtype mismatch)."
+_FP4_RELOAD = (
+    "Needs a bf16 or fp16 source model: a float32 one is refused before weights load "
+    "(compressed-tensors unpacks FP4 as bf16)."
+)
 
 # Keys are the canonical names; lookup is case-insensitive (see render_recipe.find_preset).
 PRESETS: dict[str, Preset] = {
