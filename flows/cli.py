@@ -220,13 +220,26 @@ def main(argv: list[str] | None = None) -> int:
             params = deployment_parameters(options.prefect_yaml, options.deployment)
         else:
             params = read_yaml(options.params, "params")
-        for name in FLOW_GROUPS.keys() - Parameters.model_fields:
-            params.pop(name, None)  # tracking, verify: nothing to check without a run
-        groups = Parameters.model_validate(params)
+        # tracking, verify: nothing to run without a calibrated model, but their shape is checked.
+        run_only = {
+            name: params.pop(name)
+            for name in FLOW_GROUPS.keys() - Parameters.model_fields
+            if name in params
+        }
     except InputError as exc:
         return refuse([exc])
+    errors = []
+    for name, values in run_only.items():
+        try:
+            FLOW_GROUPS[name].model_validate(values)
+        except ValidationError as exc:
+            errors += [{**error, "loc": (name, *error["loc"])} for error in exc.errors()]
+    try:
+        groups = Parameters.model_validate(params)
     except ValidationError as exc:
-        return refuse(explain(error, FLOW_GROUPS) for error in exc.errors())
+        errors = [*exc.errors(), *errors]
+    if errors:
+        return refuse(explain(error, FLOW_GROUPS) for error in errors)
 
     try:
         with nullcontext() if options.verbose else quiet():

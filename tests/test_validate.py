@@ -309,6 +309,7 @@ def test_cli_reports_every_groups_schema_errors_before_any_check(models, tmp_pat
     )
     bad["model"] = {"revision": "main"}
     bad["calibration"] = {"batch_size": -1}
+    bad["verify"] = {"samples": 100}  # applies only to a run, but a typo is caught here too
     # The output check would refuse this folder: a check ran if its error shows.
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "model.safetensors").write_text("another model")
@@ -322,6 +323,7 @@ def test_cli_reports_every_groups_schema_errors_before_any_check(models, tmp_pat
         "recipe.pipeline",
         "output.overwrite",
         "calibration.batch_size",
+        "verify.samples",
     ]
     assert "Field required. Fix: add it" in lines[0]
     assert "got 'fastest'" in lines[2]
