@@ -282,3 +282,19 @@ def test_prefect_yaml_lists_the_readme_commands():
     header = (ROOT / "prefect.yaml").read_text().split("\n\n")[0].splitlines()
     listed = [command(line.removeprefix("#")) for line in header if line.startswith("#   ")]
     assert listed == readme
+
+
+def test_the_deployed_form_has_the_preset_dropdown_and_whole_help(client):
+    """What the UI renders: the schema the server holds for the deployment, not the flow's."""
+    from test_parameter_schema import plain_text, visible_text
+
+    from compressflow.registries.presets import PRESETS
+
+    schema = client.read_deployment_by_name("compress-model/compress").parameter_openapi_schema
+    definitions = schema["definitions"]
+    assert definitions["RecipeArgs"]["properties"]["preset"]["enum"] == list(PRESETS)
+    for group, model in definitions.items():
+        for name, field in model["properties"].items():
+            assert "anyOf" not in field, f"{group}.{name} renders as a type toggle"
+            description = field["description"]
+            assert visible_text(description) == plain_text(description), f"{group}.{name}"
