@@ -51,8 +51,8 @@ def refuse_unsupported(recipe: RenderedRecipe) -> None:
         return
     field = "recipe.preset" if recipe.source.startswith("preset:") else "recipe.recipe"
     scheme = recipe.scheme or "as given"
-    if recipe.scheme == "W4A16":
-        on_cpu = "use preset W4A16 (GPTQ, the same scheme), which runs on CPU"
+    if recipe.scheme in ("W4A16", "W4A16_ASYM"):  # the W4A16_AWQ preset's is asymmetric
+        on_cpu = "use preset W4A16 (GPTQ, int4 weights in groups of 128), which runs on CPU"
     else:
         on_cpu = f"replace {' and '.join(needing)} with GPTQModifier (scheme {scheme}), which runs on CPU"
     raise RecipeError(

@@ -203,7 +203,7 @@ def test_awq_without_an_accelerator_is_refused_by_validate_in_seconds(
         "accelerator"
     )
     assert "Fix: run it on the gpu work pool" in message
-    assert "use preset W4A16 (GPTQ, the same scheme), which runs on CPU" in message
+    assert "use preset W4A16 (GPTQ, int4 weights in groups of 128), which runs on CPU" in message
     assert not (tmp_path / "out").exists()
 
 
