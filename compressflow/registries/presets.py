@@ -61,11 +61,6 @@ class Preset:
     def what(self) -> str:
         return f"{self.description} {self.caveat}".strip()
 
-    def summary(self) -> str:
-        """One line for help texts: what, data, where vLLM runs it, where it runs here."""
-        here = "Runs on CPU workers" if self.cpu_ok else f"GPU workers only: {self.why_gpu_only}"
-        return f"{self.what} {self.data.capitalize()}. vLLM: {self.vllm_gpus}. {here}."
-
 
 # The FP8 KV cache as llm-compressor's examples write it (examples/quantization_kv_cache): one
 # static scale per tensor for keys and one for values, which vLLM reads with kv_cache_dtype fp8.
@@ -99,27 +94,50 @@ _FP4_RELOAD = (
     "(compressed-tensors unpacks FP4 as bf16)."
 )
 
-# Keys are the canonical names; lookup is case-insensitive (see render_recipe.find_preset).
-PRESETS: dict[str, Preset] = {
-    "W4A16": Preset(
-        description="GPTQ int4 weights (groups of 128), 16-bit activations.",
-        template="""\
-quant_stage:
-  quant_modifiers:
+
+def _stage(*modifiers: str) -> str:
+    """One quantization stage holding `modifiers` (each a YAML block at modifier depth)."""
+    return "quant_stage:\n  quant_modifiers:\n" + "".join(modifiers)
+
+
+def _gptq(scheme: str) -> str:
+    return f"""\
     GPTQModifier:
       targets: Linear
-      scheme: W4A16
+      scheme: {scheme}
       ignore: $ignore
       dampening_frac: $dampening_frac
       block_size: $block_size
       kv_cache_scheme: $kv_cache_scheme
-""",
-        placeholders={
-            "ignore": _IGNORE,
-            "dampening_frac": _DAMPENING,
-            "block_size": _BLOCK_SIZE,
-            "kv_cache_scheme": _KV_CACHE,
-        },
+"""
+
+
+def _quantization(scheme: str) -> str:
+    """Round-to-nearest (QuantizationModifier): the data-free and FP4 schemes."""
+    return f"""\
+    QuantizationModifier:
+      targets: Linear
+      scheme: {scheme}
+      ignore: $ignore
+      kv_cache_scheme: $kv_cache_scheme
+"""
+
+
+_GPTQ_ARGS = {
+    "ignore": _IGNORE,
+    "dampening_frac": _DAMPENING,
+    "block_size": _BLOCK_SIZE,
+    "kv_cache_scheme": _KV_CACHE,
+}
+_QUANTIZATION_ARGS = {"ignore": _IGNORE, "kv_cache_scheme": _KV_CACHE}
+
+
+# Keys are the canonical names; lookup is case-insensitive (see render_recipe.find_preset).
+PRESETS: dict[str, Preset] = {
+    "W4A16": Preset(
+        description="GPTQ int4 weights (groups of 128), 16-bit activations.",
+        template=_stage(_gptq("W4A16")),
+        placeholders=_GPTQ_ARGS,
         vllm_gpus=_MARLIN,
     ),
     "W4A16_AWQ": Preset(
@@ -171,95 +189,44 @@ quant_stage:
     "W8A8": Preset(
         description="SmoothQuant then GPTQ: int8 weights (per channel), dynamic int8 activations "
         "(per token).",
-        template="""\
-quant_stage:
-  quant_modifiers:
-    SmoothQuantModifier:
-      smoothing_strength: $smoothing_strength
-    GPTQModifier:
-      targets: Linear
-      scheme: W8A8
-      ignore: $ignore
-      dampening_frac: $dampening_frac
-      block_size: $block_size
-      kv_cache_scheme: $kv_cache_scheme
-""",
+        template=_stage(
+            "    SmoothQuantModifier:\n      smoothing_strength: $smoothing_strength\n",
+            _gptq("W8A8"),
+        ),
         placeholders={
             "smoothing_strength": Placeholder(
                 0.8, "How much activation outlier range SmoothQuant moves into the weights (0-1)"
             ),
-            "ignore": _IGNORE,
-            "dampening_frac": _DAMPENING,
-            "block_size": _BLOCK_SIZE,
-            "kv_cache_scheme": _KV_CACHE,
+            **_GPTQ_ARGS,
         },
         vllm_gpus="Turing to Hopper (sm75-sm90)",
     ),
     "W8A8_GPTQ": Preset(
         description="GPTQ int8 weights (per channel), dynamic int8 activations (per token), no "
         "SmoothQuant; for families SmoothQuant has no mapping for.",
-        template="""\
-quant_stage:
-  quant_modifiers:
-    GPTQModifier:
-      targets: Linear
-      scheme: W8A8
-      ignore: $ignore
-      dampening_frac: $dampening_frac
-      block_size: $block_size
-      kv_cache_scheme: $kv_cache_scheme
-""",
-        placeholders={
-            "ignore": _IGNORE,
-            "dampening_frac": _DAMPENING,
-            "block_size": _BLOCK_SIZE,
-            "kv_cache_scheme": _KV_CACHE,
-        },
+        template=_stage(_gptq("W8A8")),
+        placeholders=_GPTQ_ARGS,
         vllm_gpus="Turing to Hopper (sm75-sm90)",
     ),
     "FP8_DYNAMIC": Preset(
         description="FP8 weights (per channel), dynamic FP8 activations (per token).",
-        template="""\
-quant_stage:
-  quant_modifiers:
-    QuantizationModifier:
-      targets: Linear
-      scheme: FP8_DYNAMIC
-      ignore: $ignore
-      kv_cache_scheme: $kv_cache_scheme
-""",
-        placeholders={"ignore": _IGNORE, "kv_cache_scheme": _KV_CACHE},
+        template=_stage(_quantization("FP8_DYNAMIC")),
+        placeholders=_QUANTIZATION_ARGS,
         vllm_gpus="Ada/Hopper (sm89/sm90)+; Ampere (sm80) weight-only via FP8 Marlin",
         needs_data=False,
     ),
     "FP8_BLOCK": Preset(
         description="FP8 weights in 128x128 blocks, dynamic FP8 activations in groups of 128 "
         "(DeepSeek-V3 style).",
-        template="""\
-quant_stage:
-  quant_modifiers:
-    QuantizationModifier:
-      targets: Linear
-      scheme: FP8_BLOCK
-      ignore: $ignore
-      kv_cache_scheme: $kv_cache_scheme
-""",
-        placeholders={"ignore": _IGNORE, "kv_cache_scheme": _KV_CACHE},
+        template=_stage(_quantization("FP8_BLOCK")),
+        placeholders=_QUANTIZATION_ARGS,
         vllm_gpus="Ada/Hopper (sm89/sm90)+",
         needs_data=False,
     ),
     "NVFP4A16": Preset(
         description="NVFP4 weights (FP4 in groups of 16, FP8 scales), 16-bit activations.",
-        template="""\
-quant_stage:
-  quant_modifiers:
-    QuantizationModifier:
-      targets: Linear
-      scheme: NVFP4A16
-      ignore: $ignore
-      kv_cache_scheme: $kv_cache_scheme
-""",
-        placeholders={"ignore": _IGNORE, "kv_cache_scheme": _KV_CACHE},
+        template=_stage(_quantization("NVFP4A16")),
+        placeholders=_QUANTIZATION_ARGS,
         vllm_gpus="Ampere (sm80)+ via FP4 Marlin",
         needs_data=False,
         caveat=_FP4_RELOAD,
@@ -267,32 +234,16 @@ quant_stage:
     "NVFP4": Preset(
         description="NVFP4 weights and activations (FP4 in groups of 16, FP8 scales); activation "
         "global scales are calibrated.",
-        template="""\
-quant_stage:
-  quant_modifiers:
-    QuantizationModifier:
-      targets: Linear
-      scheme: NVFP4
-      ignore: $ignore
-      kv_cache_scheme: $kv_cache_scheme
-""",
-        placeholders={"ignore": _IGNORE, "kv_cache_scheme": _KV_CACHE},
+        template=_stage(_quantization("NVFP4")),
+        placeholders=_QUANTIZATION_ARGS,
         vllm_gpus=_FP4,
         caveat=_FP4_RELOAD,
     ),
     "MXFP4": Preset(
         description="MXFP4 weights and dynamic activations (FP4 in groups of 32, power-of-two "
         "scales: OCP microscaling).",
-        template="""\
-quant_stage:
-  quant_modifiers:
-    QuantizationModifier:
-      targets: Linear
-      scheme: MXFP4
-      ignore: $ignore
-      kv_cache_scheme: $kv_cache_scheme
-""",
-        placeholders={"ignore": _IGNORE, "kv_cache_scheme": _KV_CACHE},
+        template=_stage(_quantization("MXFP4")),
+        placeholders=_QUANTIZATION_ARGS,
         vllm_gpus=_FP4,
         needs_data=False,
         caveat=_FP4_RELOAD,
@@ -317,12 +268,7 @@ quant_stage:
       block_size: $block_size
       kv_cache_scheme: $kv_cache_scheme
 """,
-        placeholders={
-            "ignore": _IGNORE,
-            "dampening_frac": _DAMPENING,
-            "block_size": _BLOCK_SIZE,
-            "kv_cache_scheme": _KV_CACHE,
-        },
+        placeholders=_GPTQ_ARGS,
         # vLLM matches its W4A8-FP8 CUTLASS kernel on sm90 exactly.
         vllm_gpus="Hopper (sm90)",
     ),
