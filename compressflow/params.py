@@ -27,20 +27,16 @@ class _Args(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _none_means_default(cls, data: Any) -> Any:
-        """Optional text and list fields are "" or [] when unset, not None: the Prefect UI shows a
-        `str | None` type toggle for None-able fields. Callers that still pass None get the
-        default."""
+        """No field takes None: unset text, lists and limits are "", [] or 0, because the Prefect
+        UI shows a `str | None` type toggle for None-able fields. Callers that still pass None get
+        the default (an unknown key stays, to be refused as one)."""
         if not isinstance(data, dict):
             return data
         return {
             key: value
             for key, value in data.items()
-            if value is not None or key not in cls.model_fields or _allows_none(cls, key)
+            if value is not None or key not in cls.model_fields
         }
-
-
-def _allows_none(model: type[BaseModel], name: str) -> bool:
-    return model.model_fields[name].default is None
 
 
 class ModelArgs(_Args):
