@@ -13,7 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from compressflow.registries.presets import PRESETS
+from compressflow.registries.presets import PRESETS, preset_named
 
 # `module:function`, never serialized source: loaders are imported, not executed from text.
 DEFAULT_MODEL_CLASS = "AutoModelForCausalLM"
@@ -160,12 +160,10 @@ class RecipeArgs(_Args):
         if not isinstance(data, dict):
             return data
         data = dict(data)
-        canonical = {name.lower(): name for name in PRESETS}
-        recipe = data.get("recipe")
-        if isinstance(recipe, str) and recipe.strip().lower() in canonical:
-            data["preset"], data["recipe"] = canonical[recipe.strip().lower()], ""
+        if isinstance(data.get("recipe"), str) and (name := preset_named(data["recipe"])):
+            data["preset"], data["recipe"] = name, ""
         if isinstance(data.get("preset"), str):
-            data["preset"] = canonical.get(data["preset"].strip().lower(), data["preset"])
+            data["preset"] = preset_named(data["preset"]) or data["preset"]
         return data
 
     @field_validator("recipe", mode="before")

@@ -40,7 +40,7 @@ from compressflow.errors import RecipeError
 from compressflow.logs import run_logger
 from compressflow.params import RecipeArgs
 from compressflow.recipe_tree import dump_recipe, first_scheme, iter_modifiers
-from compressflow.registries.presets import PRESETS, Preset, resolve_args
+from compressflow.registries.presets import PRESETS, preset_named, resolve_args
 from compressflow.results import RenderedRecipe
 
 if TYPE_CHECKING:
@@ -69,12 +69,6 @@ _ZOO_SCHEMES = {"w4a16": "W4A16", "w8a8": "W8A8", "fp8": "FP8_DYNAMIC"}
 
 
 # ---------------------------------------------------------------- 1. load
-
-
-def find_preset(name: str) -> tuple[str, Preset] | None:
-    """The preset called `name` in any case, `-` or `_` alike (`fp8-dynamic` is FP8_DYNAMIC)."""
-    key = name.strip().upper().replace("-", "_")
-    return (key, PRESETS[key]) if key in PRESETS else None
 
 
 def _position(mark: yaml.Mark | None, prefix: str) -> str:
@@ -133,10 +127,8 @@ def load_recipe(recipe: str) -> tuple[Any, str, str | None]:
 
     A dict or list recipe arrives as YAML text: RecipeArgs stores every recipe as text.
     """
-    preset = find_preset(recipe)
-    if preset:
-        name, found = preset
-        return _parse_yaml(found.template, f"preset {name}"), f"preset:{name}", name
+    if name := preset_named(recipe):
+        return _parse_yaml(PRESETS[name].template, f"preset {name}"), f"preset:{name}", name
 
     single_line = "\n" not in recipe.strip()
     path = Path(recipe.strip()).expanduser()

@@ -132,7 +132,7 @@ _GPTQ_ARGS = {
 _QUANTIZATION_ARGS = {"ignore": _IGNORE, "kv_cache_scheme": _KV_CACHE}
 
 
-# Keys are the canonical names; lookup is case-insensitive (see render_recipe.find_preset).
+# Keys are the canonical names; `preset_named` finds them in any case.
 PRESETS: dict[str, Preset] = {
     "W4A16": Preset(
         description="GPTQ int4 weights (groups of 128), 16-bit activations.",
@@ -273,6 +273,12 @@ quant_stage:
         vllm_gpus="Hopper (sm90)",
     ),
 }
+
+
+def preset_named(name: str) -> str | None:
+    """The preset called `name` in any case, `-` or `_` alike (`fp8-dynamic` is FP8_DYNAMIC)."""
+    key = name.strip().upper().replace("-", "_")
+    return key if key in PRESETS else None
 
 
 def resolve_args(preset_name: str, values: dict[str, Any]) -> dict[str, Any]:
