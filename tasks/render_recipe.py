@@ -170,7 +170,7 @@ def effective_args(preset_name: str, recipe_args: dict[str, Any]) -> dict[str, A
             f"preset {preset_name} has no placeholder {', '.join(unknown)}; its placeholders are: "
             f"{documented}",
             f"remove {', '.join(unknown)} or use the names above; for other changes pass the "
-            f"preset's YAML (tasks.recipe_presets.PRESETS[{preset_name!r}].template) edited",
+            f"preset's YAML (compressflow.registries.presets.PRESETS[{preset_name!r}].template) edited",
         )
     return resolve_args(preset_name, {**preset.defaults(), **recipe_args})
 
