@@ -20,6 +20,7 @@ from prefect.assets import Asset, AssetProperties, materialize
 from compressflow.artifacts import model_name
 from compressflow.logs import run_logger
 from compressflow.params import ModelArgs, RecipeArgs
+from compressflow.results import BuiltDataset, FetchedModel
 
 
 def compress_run_name(model: Any, recipe: Any) -> str:
@@ -67,34 +68,44 @@ def _file_key(path: str | Path, protocol: str = "file") -> str:
     return _key(protocol, Path(path).expanduser().resolve().as_posix())
 
 
-def base_model_asset(model: ModelArgs, source: str, revision: str | None) -> Asset:
+def _base_model_asset(model: FetchedModel) -> Asset:
     """The model compressed: the hub repository, the ClearML model or the local folder."""
-    if source == "hub":
+    if model.source == "hub":
         key = _key("huggingface", model.model_id)
-    elif source == "clearml":
+    elif model.source == "clearml":
         key = _key("clearml", f"models/{model.model_id}")
     else:
         key = _file_key(model.model_id)
-    where = f" at {revision}" if revision else ""
+    where = f" at {model.revision_resolved}" if model.revision_resolved else ""
     return Asset(
         key=key,
         properties=AssetProperties(
             name=model_name(model.model_id),
             description=f"Base model {model.model_id}{where}",
-            url=f"https://huggingface.co/{model.model_id}" if source == "hub" else None,
+            url=f"https://huggingface.co/{model.model_id}" if model.source == "hub" else None,
         ),
     )
 
 
-def calibration_data_asset(path: str, source: str, samples: int) -> Asset:
+def _calibration_data_asset(dataset: BuiltDataset) -> Asset:
     """The tokenized calibration set, as built (cached by its fingerprint)."""
     return Asset(
-        key=_file_key(path),
+        key=_file_key(dataset.path),
         properties=AssetProperties(
-            name=f"calibration data ({source})",
-            description=f"{samples} tokenized samples from {source}",
+            name=f"calibration data ({dataset.source})",
+            description=f"{dataset.num_samples} tokenized samples from {dataset.source}",
         ),
     )
+
+
+def publish_lineage(
+    model: FetchedModel, dataset: BuiltDataset | None, target: Path, label: str
+) -> tuple[Asset, list[Asset]]:
+    """The checkpoint publishing materializes, and what it is made from (data-free: no data)."""
+    upstream = [_base_model_asset(model)]
+    if dataset is not None:
+        upstream.append(_calibration_data_asset(dataset))
+    return checkpoint_asset(target, label), upstream
 
 
 def checkpoint_asset(path: str | Path, label: str) -> Asset:

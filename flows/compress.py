@@ -17,12 +17,10 @@ from compressflow.flows.checks import check_before_calibration, resolve_inputs
 from compressflow.isolation import warm_up
 from compressflow.lineage import (
     add_run_tags,
-    base_model_asset,
-    calibration_data_asset,
-    checkpoint_asset,
     compress_run_name,
     current_parameters,
     materializing,
+    publish_lineage,
 )
 from compressflow.locks import output_lock
 from compressflow.logs import run_logger
@@ -147,16 +145,9 @@ def run_stages(
             verification = stages.run(
                 verify, calibrated, resolved.model, resolved.recipe, plan, verify_args, str(target)
             )
-            upstream = [
-                base_model_asset(model, resolved.model.source, resolved.model.revision_resolved)
-            ]
-            if resolved.dataset is not None:
-                upstream.append(
-                    calibration_data_asset(
-                        resolved.dataset.path, resolved.dataset.source, resolved.dataset.num_samples
-                    )
-                )
-            checkpoint = checkpoint_asset(target, recipe.label())
+            checkpoint, upstream = publish_lineage(
+                resolved.model, resolved.dataset, target, recipe.label()
+            )
             published = stages.run(
                 materializing(publish, checkpoint, upstream, by="llm-compressor"),
                 calibrated,
