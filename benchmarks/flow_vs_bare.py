@@ -119,7 +119,7 @@ def flow_child(args) -> None:
         dataset=DatasetArgs(
             dataset_name=args.data, text_samples=args.samples, max_seq_len=args.max_seq_len
         ),
-        recipe=RecipeArgs(recipe=PRESET),
+        recipe=RecipeArgs(preset=PRESET),
         output=OutputArgs(save_directory=args.out),
     )
     phases = {"imports": imports, "flow call": time.perf_counter() - mark}
@@ -142,7 +142,7 @@ def prepare(work: Path, samples: int, max_seq_len: int) -> tuple[Path, Path, Pat
     tokenizer = AutoTokenizer.from_pretrained(model)
     data = write_jsonl(work / "data.jsonl", long_texts(tokenizer, samples, max_seq_len))
     recipe = work / "recipe.yaml"
-    recipe.write_text(render(RecipeArgs(recipe=PRESET)).yaml)  # what the flow's preset renders to
+    recipe.write_text(render(RecipeArgs(preset=PRESET)).yaml)  # what the flow's preset renders to
     return model, data, recipe
 
 

@@ -130,7 +130,7 @@ def flow_child(args) -> None:
     published = compress(
         model=ModelArgs(model_id=args.model),
         dataset=DatasetArgs(dataset_name=args.data, text_samples=SAMPLES, max_seq_len=MAX_SEQ_LEN),
-        recipe=RecipeArgs(recipe="W4A16" if args.scheme == "gptq" else "FP8_DYNAMIC"),
+        recipe=RecipeArgs(preset="W4A16" if args.scheme == "gptq" else "FP8_DYNAMIC"),
         output=OutputArgs(save_directory=args.out),
         calibration=CalibrationArgs(max_cpu_memory_gb=args.cap_gb),
         # 4-bit GPTQ on 20 layers of random weights moves the logits more than the default

@@ -53,7 +53,7 @@ def one_run(root: Path, preset: str, samples: int, max_seq_len: int, out: Path) 
         published = compress(
             model={"model_id": str(model)},
             dataset={"text_samples": samples, "max_seq_len": max_seq_len},
-            recipe={"recipe": preset},
+            recipe={"preset": preset},
             output={"save_directory": str(out)},
         )
     manifest = json.loads(Path(published.path, "manifest.json").read_text())

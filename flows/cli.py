@@ -39,7 +39,7 @@ the other groups have defaults:
 
   model: {model_id: meta-llama/Llama-3.2-1B-Instruct}
   dataset: {dataset_name: ultrachat_200k, text_samples: 512, max_seq_len: 2048}
-  recipe: {recipe: W4A16, recipe_args: {dampening_frac: 0.01}}
+  recipe: {preset: W4A16, recipe_args: {dampening_frac: 0.01}}
   output: {save_directory: ./outputs/llama-w4a16}
 
 exit status:
