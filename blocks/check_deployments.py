@@ -91,7 +91,7 @@ def references(config: dict) -> list[Reference]:
         name = deployment.get("name", "?")
         for path, value in walk(deployment.get("parameters") or {}):
             block_type = NAME_PARAMETERS.get(path.rsplit(".", 1)[-1])
-            if block_type and isinstance(value, str):
+            if block_type and isinstance(value, str) and value:  # "": no block, HF_TOKEN etc.
                 found.append(Reference(name, f"parameter {path}", block_type, value))
         for path, value in walk(deployment):
             if isinstance(value, str):

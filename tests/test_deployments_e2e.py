@@ -16,6 +16,7 @@ import json
 import math
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from prefect_stack import ROOT, Stack, wait_final
@@ -73,16 +74,23 @@ def test_prefect_yaml_deploys_presets_limits_and_blocks(stack, client):
     assert "hub_token_block" not in sweep.parameters["model"]
 
 
+def cli(stack: Stack, *command: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """A command as a user types it, in the stack's environment; never raises on failure."""
+    return subprocess.run(
+        command, cwd=cwd, env=stack.env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_an_empty_block_name_references_no_block():
+    from compressflow.blocks.check_deployments import references
+
+    config = {"deployments": [{"name": "d", "parameters": {"model": {"hub_token_block": ""}}}]}
+    assert references(config) == []
+
+
 def test_block_check_is_quiet_when_every_block_exists(stack):
     """The build step `prefect deploy` ran for every deployment above, run by hand."""
-    done = subprocess.run(
-        [".venv/bin/python", "-m", "compressflow.blocks.check_deployments", "prefect.yaml"],
-        cwd=ROOT,
-        env=stack.env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = cli(stack, ".venv/bin/python", "-m", "compressflow.blocks.check_deployments")
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
 
 
@@ -131,14 +139,7 @@ def test_deploy_refuses_a_deployment_naming_a_missing_block(stack, client, tmp_p
     for shared in (".venv", "flows"):  # the build step's python and the entrypoints
         (tmp_path / shared).symlink_to(ROOT / shared)
 
-    done = subprocess.run(
-        [".venv/bin/prefect", "--no-prompt", "deploy", "--all"],
-        cwd=tmp_path,
-        env=stack.env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = cli(stack, ".venv/bin/prefect", "--no-prompt", "deploy", "--all", cwd=tmp_path)
     output = " ".join((done.stdout + done.stderr).split())  # rich wraps long lines
     assert done.returncode != 0, output
     assert (
@@ -166,21 +167,15 @@ def test_deploy_refuses_a_deployment_naming_a_missing_block(stack, client, tmp_p
 )
 def test_watch_shows_why_a_run_failed(stack, model, problem):
     """A run the schema accepts but the flow refuses, run and watched from the CLI."""
-    done = subprocess.run(
-        [
-            ".venv/bin/prefect",
-            "deployment",
-            "run",
-            "compress-model/compress",
-            "--watch",
-            "--param",
-            f"model={json.dumps(model)}",
-        ],
-        cwd=ROOT,
-        env=stack.env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = cli(
+        stack,
+        ".venv/bin/prefect",
+        "deployment",
+        "run",
+        "compress-model/compress",
+        "--watch",
+        "--param",
+        f"model={json.dumps(model)}",
     )
     output = " ".join((done.stdout + done.stderr).split())  # rich wraps long lines
     assert done.returncode != 0, output
