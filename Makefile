@@ -34,6 +34,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(PY) tools/check_layers.py
+	$(PY) tools/check_references.py
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format .

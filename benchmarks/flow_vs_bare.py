@@ -136,7 +136,7 @@ def prepare(work: Path, samples: int, max_seq_len: int) -> tuple[Path, Path, Pat
 
     from compressflow.demo.assets import build_tiny_llama
     from compressflow.params import RecipeArgs
-    from compressflow.tasks.render_recipe import render
+    from compressflow.recipes.render import render
 
     model = build_tiny_llama(work / "model", model_spec())
     tokenizer = AutoTokenizer.from_pretrained(model)

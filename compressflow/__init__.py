@@ -1,7 +1,9 @@
 """compressflow: Prefect flows that compress LLMs with llm-compressor, tracked in ClearML.
 
-This folder is the bottom layer: parameters, results, the manifest, errors, settings,
-registries and infrastructure (tracking, caching, locks, disk space, progress, events, logs).
-It imports nothing above it. The stages (`compressflow.tasks`, the tasks/ folder) and the
-entrypoints (`compressflow.flows`, the flows/ folder) sit on top; see README.md.
+This folder is the bottom layer, importing nothing above it. Its root holds the shared
+vocabulary (params, results, errors, settings, logs), the plain-data registries and `compat`, the
+one adapter to library internals; its groups are `recipes/`, `data/`, `model/`, `store/` (which
+do not import one another), `reporting/` and `runtime/`. The stages (`compressflow.tasks`, the
+tasks/ folder) and the entrypoints (`compressflow.flows`, the flows/ folder) sit on top; see the
+Layout section of README.md.
 """

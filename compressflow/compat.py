@@ -1,10 +1,187 @@
-"""Workarounds for the pinned libraries (transformers 5.17, llm-compressor 0.14.0.1).
+"""The one adapter to library internals: every private or non-public name compressflow uses.
 
-Each one fixes a measured failure, says where it belongs upstream, and is safe to remove when
-the pin moves past the fix (tests/test_architectures.py fails if it is still needed).
+Two kinds of entry, each with the public API it stands in for:
+- Accessors: a name the libraries do not export publicly (an underscored attribute, a module
+  path outside their documented API). Each says what is missing upstream. The next upgrade of
+  llm-compressor, compressed-tensors, transformers, torch or clearml is this file's work:
+  `tools/check_layers.py` refuses a private name anywhere else.
+- Workarounds for the pinned libraries (transformers 5.17, llm-compressor 0.14.0.1). Each fixes a
+  measured failure, says where it belongs upstream, and is safe to remove when the pin moves past
+  the fix (tests/test_architectures.py fails if it is still needed).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+# ---------------------------------------------------------------- accessors
+
+
+def modifier_classes() -> dict[str, type]:
+    """Modifier name -> class, as llm-compressor's recipe parser looks them up.
+
+    Missing upstream: a public listing of registered modifiers; `ModifierFactory` keeps them in
+    private registries, filled by the same lazy load `Recipe.from_dict` does.
+    """
+    from llmcompressor.modifiers import ModifierFactory
+
+    if not ModifierFactory._loaded:
+        ModifierFactory.refresh()
+    classes = {
+        **ModifierFactory._main_registry,
+        **ModifierFactory._experimental_registry,
+        **ModifierFactory._registered_registry,
+    }
+    classes.pop("Modifier", None)  # the abstract base class is registered too
+    return classes
+
+
+def smoothquant_mappings() -> dict:
+    """SmoothQuant's per-architecture mappings (architecture name -> mappings).
+
+    Missing upstream: the registry lives in `llmcompressor.modifiers.transform.smoothquant.utils`,
+    not exported by the modifier package.
+    """
+    from llmcompressor.modifiers.transform.smoothquant.utils import MAPPINGS_REGISTRY
+
+    return MAPPINGS_REGISTRY
+
+
+def default_smoothquant_mappings(model) -> list:
+    """The mappings SmoothQuant picks for `model` when a recipe gives none.
+
+    Missing upstream: `get_layer_mappings_from_model` sits in the modifier's `dynamic_mappings`
+    module, not exported.
+    """
+    from llmcompressor.modifiers.transform.smoothquant.dynamic_mappings import (
+        get_layer_mappings_from_model,
+    )
+
+    return get_layer_mappings_from_model(model)
+
+
+def resolve_smoothquant_mappings(modifier, model):
+    """What SmoothQuant's mappings resolve to on `model`; raises as the modifier would.
+
+    Missing upstream: a public dry run of `SmoothQuantModifier._resolve_mappings`.
+    """
+    return modifier._resolve_mappings(model)
+
+
+def is_quantizing_modifier(modifier) -> bool:
+    """Whether `modifier` quantizes (and so checks group sizes when it initializes).
+
+    Missing upstream: `QuantizationMixin` lives in `modifiers.quantization.quantization.mixin`,
+    not exported.
+    """
+    from llmcompressor.modifiers.quantization.quantization.mixin import QuantizationMixin
+
+    return isinstance(modifier, QuantizationMixin)
+
+
+def layers_indivisible_by_group_size(model, targets, ignore) -> list[tuple[str, int, int]]:
+    """(name, columns, group size) of the layers group quantization would refuse after load.
+
+    Missing upstream: the check (`modifiers.quantization.group_size_validation`) is not exported
+    and runs only inside the modifier's `on_initialize`, once the weights are in memory.
+    """
+    from llmcompressor.modifiers.quantization.group_size_validation import (
+        get_layers_indivisible_by_group_size,
+    )
+
+    return get_layers_indivisible_by_group_size(model, targets, ignore)
+
+
+def trace_subgraphs(model, sample_input, targets, ignore):
+    """llm-compressor's sequential tracer: the subgraphs calibration will run.
+
+    Missing upstream: `trace_subgraphs` is a helper of the sequential pipeline
+    (`llmcompressor.pipelines.sequential.helpers`), not a public entry point.
+    """
+    from llmcompressor.pipelines.sequential.helpers import trace_subgraphs as trace
+
+    return trace(model, sample_input, targets, ignore)
+
+
+@contextmanager
+def restored_torch_functions() -> Iterator[None]:
+    """Put back the torch state llm-compressor's tracer changes, however the trace ends.
+
+    In 0.14.0.1 `HFTracer.patch_for_tracing` restores the torch functions it wraps after a
+    successful trace only: a failed one leaves `torch.arange`, `torch.zeros`... wrapped for the
+    rest of the process, and every model built afterwards gets garbage rotary frequencies (NaN
+    logits). And the tracer registers each traced forward's namespace, which holds the model,
+    in torch.fx's module-level `_wrapped_fns_to_patch`, which nothing clears: the calibrated
+    model would stay in memory beside the checkpoint verify reloads. Missing upstream: a tracer
+    that restores on failure, and a public way to clear torch.fx's patch list.
+    """
+    import torch
+    import torch.fx._symbolic_trace as symbolic_trace
+    from llmcompressor.pipelines.sequential.transformers_helpers import HFTracer
+
+    originals = {name: getattr(torch, name) for name in HFTracer._TORCH_METHODS_TO_PATCH}
+    wrapped = dict(symbolic_trace._wrapped_fns_to_patch)
+    try:
+        yield
+    finally:
+        for name, function in originals.items():
+            setattr(torch, name, function)
+        symbolic_trace._wrapped_fns_to_patch.clear()
+        symbolic_trace._wrapped_fns_to_patch.update(wrapped)
+
+
+def model_from_config(cls, config):
+    """A concrete transformers class built from `config` (the caller picks the device context).
+
+    Missing upstream: concrete model classes have no public `from_config`; only the Auto
+    classes do, and they would re-resolve the class from the config.
+    """
+    return cls._from_config(config)
+
+
+def no_split_modules(model) -> list[str]:
+    """The layer classes transformers keeps whole (the decoder layers), or [].
+
+    Missing upstream: `_no_split_modules` is the only listing of a model's layer classes.
+    """
+    return list(model._no_split_modules or [])
+
+
+def causal_lm_classes() -> dict:
+    """Config class -> the class AutoModelForCausalLM builds for it.
+
+    Missing upstream: the Auto class's `_model_mapping` is the only lookup that does not load.
+    """
+    import transformers
+
+    return transformers.AutoModelForCausalLM._model_mapping
+
+
+def offloaded_from_accelerate(model) -> None:
+    """Turn accelerate's offload hooks on `model` into compressed-tensors' offloading.
+
+    Missing upstream: `from_accelerate` lives in `compressed_tensors.offload.convert`, not
+    exported by `compressed_tensors.offload`.
+    """
+    from compressed_tensors.offload.convert import from_accelerate
+
+    from_accelerate(model)
+
+
+def clearml_report_in_process() -> None:
+    """Make ClearML report from this process instead of a forked reporter subprocess.
+
+    The reporter's subprocess made `Task.close()` take 6-300 s (clearml 2.1.12); in-process
+    reporting closes in ~0.02 s. Missing upstream: a public switch (the config key
+    `sdk.development.report_use_subprocess` is read once, before a task is created).
+    """
+    from clearml.backend_interface.task.task import Task as BackendTask
+
+    BackendTask._report_subprocess_enabled = False
+
+
+# ---------------------------------------------------------------- workarounds
 
 
 def save_under_source_names(model, renames: tuple[tuple[str, str], ...]) -> None:

@@ -170,7 +170,7 @@ def _tokenizer(extra: dict[str, str] | None = None):
         return tokenizer
     tokenizer.add_special_tokens({"additional_special_tokens": list(extra.values())})
     return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer._tokenizer,
+        tokenizer_object=tokenizer.backend_tokenizer,
         bos_token="<s>",
         eos_token="</s>",
         pad_token="<pad>",

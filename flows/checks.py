@@ -5,7 +5,7 @@ what this worker's hardware cannot run, fetch the model, build the dataset: the 
 the order that fails fastest) and
 `check_before_calibration` (the output folder, disk space, the memory plan, traceability on the
 meta device).
-The flow runs them as Prefect tasks through `compressflow.stages.Stages` (cached, recorded) and
+The flow runs them as Prefect tasks through `compressflow.runtime.stages.Stages` (cached, recorded) and
 puts its output lock and reuse check between the two; validate calls the stages' functions
 directly, without weights, and times each check.
 """
@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compressflow.disk_space import check_free_space
-from compressflow.hardware import refuse_fp4_on_float32, refuse_unsupported
-from compressflow.manifest import check_target, output_path, run_key
+from compressflow.model.hardware import refuse_fp4_on_float32, refuse_unsupported
 from compressflow.params import CalibrationArgs, DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
 from compressflow.results import BuiltDataset, FetchedModel, MemoryPlan, RenderedRecipe
+from compressflow.store.disk_space import check_free_space
+from compressflow.store.manifest import check_target, output_path, run_key
 from compressflow.tasks.adapt_recipe import adapt_recipe
 from compressflow.tasks.build_dataset import build_dataset
 from compressflow.tasks.check_traceability import check_traceability

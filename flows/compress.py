@@ -12,24 +12,8 @@ import shutil
 from prefect import flow, tags
 
 from compressflow.blocks.clearml_settings import load_clearml_settings
-from compressflow.events import emit_published
 from compressflow.flows.checks import check_before_calibration, resolve_inputs
-from compressflow.isolation import warm_up
-from compressflow.lineage import (
-    add_run_tags,
-    compress_run_name,
-    current_parameters,
-    materializing,
-    publish_lineage,
-)
-from compressflow.locks import output_lock
 from compressflow.logs import run_logger
-from compressflow.manifest import (
-    find_published,
-    reference_path,
-    remove_stale_staging,
-    staging_path,
-)
 from compressflow.params import (
     CalibrationArgs,
     DatasetArgs,
@@ -39,12 +23,28 @@ from compressflow.params import (
     TrackingArgs,
     VerifyArgs,
 )
+from compressflow.reporting.lineage import (
+    add_run_tags,
+    compress_run_name,
+    current_parameters,
+    materializing,
+    publish_lineage,
+)
+from compressflow.reporting.tracking import track_flow_run
 from compressflow.results import PublishedModel
-from compressflow.stages import Stages
+from compressflow.runtime.events import emit_published
+from compressflow.runtime.isolation import warm_up
+from compressflow.runtime.stages import Stages
+from compressflow.store.locks import output_lock
+from compressflow.store.manifest import (
+    find_published,
+    reference_path,
+    remove_stale_staging,
+    staging_path,
+)
 from compressflow.tasks.calibrate import calibrate, calibrate_here
 from compressflow.tasks.publish import publish, summarize_reused
 from compressflow.tasks.verify import verify
-from compressflow.tracking import track_flow_run
 
 
 def run_name() -> str:
@@ -94,7 +94,7 @@ def compress(
         ) as tracker,
     ):
         published = run_stages(model, dataset, recipe, output, verify, calibration, inputs)
-        # Emitted for new and reused outputs alike: tasks/events.py says why.
+        # Emitted for new and reused outputs alike: compressflow/runtime/events.py says why.
         emit_published(published, model, output.auto_evaluate)
     if tracker.failures:
         run_logger(__name__).warning("ClearML tracking failed: %s", "; ".join(tracker.failures))

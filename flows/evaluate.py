@@ -2,12 +2,12 @@
 
 Given the compressed model (the path or ClearML id compress-model published) and its base model,
 it scores both on the same held-out text (perplexity of each, KL divergence of their next-token
-distributions, top-1 agreement; see tasks/evaluation.py), logs them to ClearML and as a Prefect
+distributions, top-1 agreement; see compressflow/reporting/quality.py), logs them to ClearML and as a Prefect
 table artifact, and fails or flags the run when the loss passes the gate's thresholds. lm-eval
 tasks run on both models as well when asked for and lm-eval is installed on the worker.
 
 The evaluate-model deployment in prefect.yaml is triggered by `compressflow.model.published`
-(tasks/events.py), which fills `compressed` and `base` from the event's payload.
+(compressflow/runtime/events.py), which fills `compressed` and `base` from the event's payload.
 """
 
 from __future__ import annotations
@@ -17,7 +17,17 @@ from pathlib import Path
 from prefect import flow
 from prefect.artifacts import create_table_artifact
 
-from compressflow.artifacts import (
+from compressflow.blocks.clearml_settings import load_clearml_settings
+from compressflow.errors import InputError, QualityThresholdExceeded
+from compressflow.logs import run_logger
+from compressflow.params import (
+    HeldOutArgs,
+    LmEvalArgs,
+    ModelArgs,
+    QualityGate,
+    TrackingArgs,
+)
+from compressflow.reporting.artifacts import (
     artifact_key,
     percent,
     percent_change,
@@ -26,31 +36,21 @@ from compressflow.artifacts import (
     significant,
     significant_text,
 )
-from compressflow.blocks.clearml_settings import load_clearml_settings
-from compressflow.errors import InputError, QualityThresholdExceeded
-from compressflow.lineage import (
+from compressflow.reporting.lineage import (
     checkpoint_asset,
     current_parameters,
     evaluation_asset,
     link_runs,
     materializing,
 )
-from compressflow.logs import run_logger
-from compressflow.manifest import Manifest, read_manifest
-from compressflow.params import (
-    HeldOutArgs,
-    LmEvalArgs,
-    ModelArgs,
-    QualityGate,
-    TrackingArgs,
-)
-from compressflow.quality import breaches
+from compressflow.reporting.quality import breaches
+from compressflow.reporting.tracking import track_flow_run
 from compressflow.results import EvaluationReport
+from compressflow.store.manifest import Manifest, read_manifest
 from compressflow.tasks.build_held_out import build_held_out
 from compressflow.tasks.compare_models import compare_models
 from compressflow.tasks.fetch_model import fetch_model, resolve_compressed
 from compressflow.tasks.run_lm_eval import check_lm_eval, run_lm_eval
-from compressflow.tracking import track_flow_run
 
 
 def metric_rows(report: EvaluationReport, gate: QualityGate) -> list[dict]:

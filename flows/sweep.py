@@ -22,9 +22,7 @@ from pathlib import Path
 from prefect import flow
 from prefect.artifacts import create_table_artifact
 
-from compressflow.artifacts import artifact_key, metric_value
 from compressflow.blocks.clearml_settings import load_clearml_settings
-from compressflow.lineage import compress_run_name, current_parameters
 from compressflow.logs import run_logger
 from compressflow.params import (
     METRICS,
@@ -38,12 +36,14 @@ from compressflow.params import (
     SearchSpace,
     TrackingArgs,
 )
+from compressflow.reporting.artifacts import artifact_key, metric_value
+from compressflow.reporting.lineage import compress_run_name, current_parameters
+from compressflow.reporting.tracking import track_flow_run
 from compressflow.results import Point, PointResult, SweepReport
 from compressflow.tasks.build_dataset import build_dataset
 from compressflow.tasks.fetch_model import fetch_model
 from compressflow.tasks.render_recipe import render_recipe
 from compressflow.tasks.sweep_point import run_point
-from compressflow.tracking import track_flow_run
 
 
 def expand(space: SearchSpace, default_samples: int) -> list[Point]:

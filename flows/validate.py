@@ -20,9 +20,9 @@ from pydantic import BaseModel, ConfigDict, create_model
 
 from compressflow.flows.checks import check_before_calibration, check_output, resolve_inputs
 from compressflow.flows.compress import compress
-from compressflow.manifest import find_published
 from compressflow.params import CalibrationArgs, DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
 from compressflow.results import Check, ValidationReport
+from compressflow.store.manifest import find_published
 from compressflow.tasks.adapt_recipe import adapt_recipe
 from compressflow.tasks.build_dataset import build_dataset
 from compressflow.tasks.check_traceability import check_traceability

@@ -19,10 +19,10 @@ import yaml
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from compressflow import tracking
 from compressflow.logs import run_logger
-from compressflow.recipe_tree import dump_recipe, iter_modifiers
+from compressflow.recipes.tree import dump_recipe, iter_modifiers
 from compressflow.registries.architectures import ARCHITECTURES, Architecture
+from compressflow.reporting import tracking
 from compressflow.results import FetchedModel, RenderedRecipe
 
 

@@ -1,6 +1,6 @@
 """Build dataset: samples, templates and tokenizes the calibration data, and caches it.
 
-Where rows come from and how they become text is `compressflow.text_sources`. Rows are sampled
+Where rows come from and how they become text is `compressflow.data.text_sources`. Rows are sampled
 with `seed`, turned into text (chat messages through the model's chat template), tokenized
 without padding and truncated to `max_seq_len`, then saved with `save_to_disk` under
 `$COMPRESSFLOW_CACHE_DIR/datasets/<fingerprint>`. The fingerprint is a hash of the tokens, so the
@@ -16,14 +16,7 @@ from pathlib import Path
 
 from prefect import task
 
-from compressflow import tracking
-from compressflow.caching import CACHE_EXPIRATION, LocalSourceAware, cache_root
-from compressflow.errors import DatasetError
-from compressflow.imports import import_callable
-from compressflow.logs import run_logger
-from compressflow.params import DatasetArgs
-from compressflow.results import BuiltDataset, FetchedModel
-from compressflow.text_sources import (
+from compressflow.data.text_sources import (
     load_source,
     load_tokenizer,
     require_columns,
@@ -32,7 +25,14 @@ from compressflow.text_sources import (
     tokenize,
     tokenizer_identity,
 )
-from compressflow.vision import stored_row
+from compressflow.data.user_code import import_callable
+from compressflow.data.vision import stored_row
+from compressflow.errors import DatasetError
+from compressflow.logs import run_logger
+from compressflow.params import DatasetArgs
+from compressflow.reporting import tracking
+from compressflow.results import BuiltDataset, FetchedModel
+from compressflow.store.caching import CACHE_EXPIRATION, LocalSourceAware, cache_root
 
 
 @task(

@@ -2,7 +2,7 @@
 
 When the evaluation text comes from the dataset that calibrated the model (read from the
 published manifest), the calibration samples are rebuilt exactly as the dataset stage drew them
-(same seed, same formatting, `compressflow.text_sources`) and removed before sampling.
+(same seed, same formatting, `compressflow.data.text_sources`) and removed before sampling.
 """
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from compressflow.logs import run_logger
-from compressflow.params import DatasetArgs
-from compressflow.results import FetchedModel, HeldOutText
-from compressflow.text_sources import (
+from compressflow.data.text_sources import (
     load_source,
     load_tokenizer,
     row_formatter,
     sample_texts,
     tokenize,
 )
+from compressflow.logs import run_logger
+from compressflow.params import DatasetArgs
+from compressflow.results import FetchedModel, HeldOutText
 
 # DatasetArgs fields that decide which rows exist: equal ones mean the same source rows.
 SOURCE_FIELDS = ("dataset_name", "dataset_config_name", "split", "text_column", "dataset_loader")

@@ -5,7 +5,7 @@ publish stage seals with a rename: the model is saved once and never reloaded. P
 metrics exist in llm-compressor only as log lines (an INFO "Quantizing 1 module(s): [name]"
 followed by METRIC "time 0.06s" and "error 9.05"), so a loguru sink collects them while it runs.
 
-The work happens in a process of its own (`calibrate_here`, started by compressflow.isolation):
+The work happens in a process of its own (`calibrate_here`, started by compressflow.runtime.isolation):
 ending the task ends it, and its memory, GPU memory included, goes back when it exits.
 """
 
@@ -22,28 +22,28 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from compressflow import tracking
+from compressflow import compat
 from compressflow.compat import (
     add_reloadable_ignore_names,
     as_plain_linear,
     save_under_source_names,
 )
-from compressflow.disk_space import disk_full_is_clear, folder_size
+from compressflow.data.local_text import verification_texts
+from compressflow.data.text_sources import load_processor
+from compressflow.data.user_code import import_callable
+from compressflow.data.vision import collate_one
 from compressflow.errors import CalibrationError
-from compressflow.imports import import_callable
-from compressflow.isolation import run_isolated
-from compressflow.local_text import verification_texts
 from compressflow.logs import run_logger
-from compressflow.manifest import reference_path
 from compressflow.params import RecipeArgs, VerifyArgs
-from compressflow.progress import (
+from compressflow.registries.architectures import ARCHITECTURES
+from compressflow.reporting import tracking
+from compressflow.reporting.progress import (
     CalibrationProgress,
     on_subgraph_done,
     sequential_passes,
     subgraphs_per_pass,
 )
-from compressflow.quality import logits_of
-from compressflow.registries.architectures import ARCHITECTURES
+from compressflow.reporting.quality import logits_of
 from compressflow.results import (
     BuiltDataset,
     Calibration,
@@ -53,9 +53,9 @@ from compressflow.results import (
     RenderedRecipe,
     gib,
 )
-from compressflow.text_sources import load_processor
-from compressflow.tracing import restored_torch_functions
-from compressflow.vision import collate_one
+from compressflow.runtime.isolation import run_isolated
+from compressflow.store.disk_space import disk_full_is_clear, folder_size
+from compressflow.store.manifest import reference_path
 
 _QUANTIZING = re.compile(r"Quantizing \d+ module\(s\): \[(.*)\]")
 _METRIC = re.compile(r"^(time|error)\s+([-+0-9.eE]+|nan|inf)s?$")
@@ -244,7 +244,7 @@ def calibrate(
 
     The task's process keeps the progress artifact, the run log and ClearML; the child holds the
     model, so a timeout or cancellation that ends the task ends the calibration and frees its
-    memory (compressflow.isolation).
+    memory (compressflow.runtime.isolation).
     """
     progress: list[CalibrationProgress] = []
 
@@ -355,7 +355,7 @@ def calibrate_here(
     passes = sequential_passes(recipe.data_modifiers, args.pipeline) if dataset is not None else 0
     try:
         with (
-            restored_torch_functions(),  # the sequential pipeline traces too
+            compat.restored_torch_functions(),  # the sequential pipeline traces too
             on_subgraph_done(lambda: events("subgraph")),
         ):
             events("progress", (subgraphs_per_pass(loaded, targets), passes))

@@ -20,13 +20,14 @@ from typing import Any
 import yaml
 from prefect import task
 
-from compressflow import tracking
+from compressflow import compat
+from compressflow.data.vision import model_inputs
 from compressflow.errors import RecipeError, TraceabilityError
 from compressflow.logs import run_logger
+from compressflow.model.tracing import meta_model
 from compressflow.params import RecipeArgs
+from compressflow.reporting import tracking
 from compressflow.results import BuiltDataset, FetchedModel, RenderedRecipe, TraceReport
-from compressflow.tracing import meta_model, restored_torch_functions
-from compressflow.vision import model_inputs
 
 
 def _maxrss_mb() -> float:
@@ -36,7 +37,7 @@ def _maxrss_mb() -> float:
 
 def default_tracing_ignore() -> list[str]:
     """llm-compressor's default `tracing_ignore` (what `oneshot` uses when none is given)."""
-    from llmcompressor.args.dataset_arguments import DatasetArguments
+    from llmcompressor.args import DatasetArguments
 
     return list(DatasetArguments().tracing_ignore)
 
@@ -92,12 +93,6 @@ def check_group_sizes(model: FetchedModel, recipe: RenderedRecipe) -> None:
     weights are in memory; the same check on the meta model costs a second.
     """
     from compressed_tensors.quantization import apply_quantization_config
-    from llmcompressor.modifiers.quantization.group_size_validation import (
-        get_layers_indivisible_by_group_size,
-    )
-    from llmcompressor.modifiers.quantization.quantization.mixin import (
-        QuantizationMixin,
-    )
     from llmcompressor.recipe import Recipe
     from transformers import AutoConfig
 
@@ -105,7 +100,7 @@ def check_group_sizes(model: FetchedModel, recipe: RenderedRecipe) -> None:
     modifiers = [
         m
         for m in Recipe.from_dict(yaml.safe_load(recipe.yaml)).modifiers
-        if isinstance(m, QuantizationMixin) and not m.bypass_divisibility_checks
+        if compat.is_quantizing_modifier(m) and not m.bypass_divisibility_checks
     ]
     if not modifiers:
         return
@@ -113,7 +108,9 @@ def check_group_sizes(model: FetchedModel, recipe: RenderedRecipe) -> None:
     for modifier in modifiers:
         meta = meta_model(config, model.model_class, model.trust_remote_code)
         apply_quantization_config(meta, modifier.resolved_config)
-        bad = get_layers_indivisible_by_group_size(meta, modifier.resolved_targets, modifier.ignore)
+        bad = compat.layers_indivisible_by_group_size(
+            meta, modifier.resolved_targets, modifier.ignore
+        )
         if bad:
             shown = ", ".join(f"{name} ({cols} columns)" for name, cols, _ in bad[:8])
             more = f" and {len(bad) - 8} more" if len(bad) > 8 else ""
@@ -134,9 +131,6 @@ def check_smoothquant_mappings(model: FetchedModel, recipe: RenderedRecipe) -> N
     mappings for given architecture", naming neither the layer nor the fix.
     """
     from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier
-    from llmcompressor.modifiers.transform.smoothquant.dynamic_mappings import (
-        get_layer_mappings_from_model,
-    )
     from llmcompressor.recipe import Recipe
     from transformers import AutoConfig
 
@@ -151,9 +145,9 @@ def check_smoothquant_mappings(model: FetchedModel, recipe: RenderedRecipe) -> N
     meta = meta_model(config, model.model_class, model.trust_remote_code)
     for modifier in modifiers:
         given = modifier.mappings is not None
-        modifier.mappings = modifier.mappings or get_layer_mappings_from_model(meta)
+        modifier.mappings = modifier.mappings or compat.default_smoothquant_mappings(meta)
         try:
-            resolved = modifier._resolve_mappings(meta)
+            resolved = compat.resolve_smoothquant_mappings(modifier, meta)
             problem = "" if resolved else "they match no layer"
         except (RuntimeError, ValueError, KeyError) as exc:
             cause = exc.__cause__ or exc
@@ -188,9 +182,8 @@ def trace_config(
     `sample_input` holds tensors of shape [1, seq] (input_ids, attention_mask). Raises
     `TraceabilityError` when the targets match nothing or the trace fails.
     """
-    from compressed_tensors.utils.match import match_named_modules
-    from llmcompressor.pipelines.sequential.helpers import trace_subgraphs
-    from llmcompressor.utils.pytorch.module import infer_sequential_targets
+    from compressed_tensors.utils import match_named_modules
+    from llmcompressor.utils.pytorch import infer_sequential_targets
 
     ignore = list(tracing_ignore) if tracing_ignore is not None else default_tracing_ignore()
     rss_before = _maxrss_mb()
@@ -216,8 +209,8 @@ def trace_config(
         )
 
     try:
-        with restored_torch_functions():
-            subgraphs = trace_subgraphs(model, sample_input, targets, ignore)
+        with compat.restored_torch_functions():
+            subgraphs = compat.trace_subgraphs(model, sample_input, targets, ignore)
     except Exception as exc:  # any tracing failure (TraceError, TypeError...) is the user's to fix
         raise _trace_error(exc, targets, ignore) from exc
     # A sample that skips some target layers (e.g. cross-attention without an image) leaves

@@ -1,6 +1,6 @@
 """Compare models: scores the compressed model against its base on held-out text.
 
-Both models read the same tokenized samples; `compressflow.quality` says what is measured.
+Both models read the same tokenized samples; `compressflow.reporting.quality` says what is measured.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from compressflow.logs import run_logger
-from compressflow.quality import load_causal_lm, score
+from compressflow.reporting.quality import load_causal_lm, score
 from compressflow.results import FetchedModel, HeldOutText, QualityMetrics
 
 

@@ -19,14 +19,15 @@ from pathlib import Path
 
 from prefect import task
 
-from compressflow import tracking
-from compressflow.caching import CACHE_EXPIRATION, LocalSourceAware
-from compressflow.checkpoint import tensor_index
-from compressflow.disk_space import folder_size
+from compressflow import compat
 from compressflow.errors import HubUnavailableError, ModelFetchError
 from compressflow.logs import run_logger
+from compressflow.model.checkpoint import tensor_index
 from compressflow.params import DEFAULT_MODEL_CLASS, ModelArgs
+from compressflow.reporting import tracking
 from compressflow.results import FetchedModel
+from compressflow.store.caching import CACHE_EXPIRATION, LocalSourceAware
+from compressflow.store.disk_space import folder_size
 
 # Weight formats we never calibrate from; skipping them halves downloads of repos that ship both
 # safetensors and consolidated checkpoints (e.g. Llama's original/ folder).
@@ -88,7 +89,7 @@ def loading_class(path: Path, args: ModelArgs) -> str:
             )
         return args.model_class
     config = transformers.AutoConfig.from_pretrained(path)
-    mapping = transformers.AutoModelForCausalLM._model_mapping
+    mapping = compat.causal_lm_classes()
     default = mapping[type(config)].__name__ if type(config) in mapping else None
     named = [name for name in (config.architectures or []) if hasattr(transformers, name)]
     if default is not None and (not named or named[0] == default):

@@ -1,6 +1,6 @@
 """Plan memory: where calibration keeps the weights, and a refusal in seconds of what cannot fit.
 
-The plan comes from the config and the worker's free memory (compressflow.memory says how); it is
+The plan comes from the config and the worker's free memory (compressflow.model.memory says how); it is
 logged, written to ClearML and the manifest, and handed to calibrate, which loads the model the
 way it says. It is never cached: the same inputs on another worker plan differently.
 """
@@ -12,10 +12,10 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from compressflow import tracking
 from compressflow.logs import run_logger
-from compressflow.memory import plan_for
+from compressflow.model.memory import plan_for
 from compressflow.params import CalibrationArgs, RecipeArgs
+from compressflow.reporting import tracking
 from compressflow.results import BuiltDataset, FetchedModel, MemoryPlan, RenderedRecipe
 
 

@@ -1,7 +1,7 @@
 """Publish: writes recipe.yaml and manifest.json beside the calibrated checkpoint and seals it.
 
 How a folder is sealed (one rename from staging) and what the manifest holds is the output
-store's business (`compressflow.manifest`); this stage assembles the manifest, seals, and shows
+store's business (`compressflow.store.manifest`); this stage assembles the manifest, seals, and shows
 the result: a Prefect summary artifact and the ClearML model. A run that reuses an output
 published earlier shows the same summary, marked reused (`summarize_reused`).
 """
@@ -16,8 +16,10 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from compressflow import tracking
-from compressflow.artifacts import (
+from compressflow.logs import run_logger
+from compressflow.params import OutputArgs
+from compressflow.reporting import tracking
+from compressflow.reporting.artifacts import (
     artifact_key,
     display_name,
     duration,
@@ -26,18 +28,6 @@ from compressflow.artifacts import (
     logit_figures,
     stage_table,
 )
-from compressflow.disk_space import disk_full_is_clear
-from compressflow.logs import run_logger
-from compressflow.manifest import (
-    Manifest,
-    ManifestResult,
-    library_versions,
-    published_model,
-    read_manifest,
-    seal,
-    write_manifest,
-)
-from compressflow.params import OutputArgs
 from compressflow.results import (
     BuiltDataset,
     Calibration,
@@ -47,6 +37,16 @@ from compressflow.results import (
     RenderedRecipe,
     StageRecord,
     Verification,
+)
+from compressflow.store.disk_space import disk_full_is_clear
+from compressflow.store.manifest import (
+    Manifest,
+    ManifestResult,
+    library_versions,
+    published_model,
+    read_manifest,
+    seal,
+    write_manifest,
 )
 
 

@@ -32,14 +32,15 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from compressflow import tracking
-from compressflow.artifacts import artifact_key, display_name, logit_figures
-from compressflow.checkpoint import tensor_index
+from compressflow import compat
 from compressflow.compat import patch_reloads
 from compressflow.errors import VerificationError
 from compressflow.logs import run_logger
+from compressflow.model.checkpoint import tensor_index
 from compressflow.params import VerifyArgs
-from compressflow.quality import compare_logits, logits_of
+from compressflow.reporting import tracking
+from compressflow.reporting.artifacts import artifact_key, display_name, logit_figures
+from compressflow.reporting.quality import compare_logits, logits_of
 from compressflow.results import (
     Calibration,
     FetchedModel,
@@ -166,9 +167,7 @@ def reload(staging: Path, model: FetchedModel, plan: MemoryPlan):
             **offload,
         )
         if offload:  # accelerate's hooks -> compressed-tensors' offloading, as calibrate loads
-            from compressed_tensors.offload.convert import from_accelerate
-
-            from_accelerate(loaded)
+            compat.offloaded_from_accelerate(loaded)
     except Exception as exc:  # whatever transformers raises, the checkpoint does not reload
         detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return None, VerificationCheck(name="reload", passed=False, detail=detail)

@@ -87,7 +87,7 @@ def clearml_params():
     """A real offline ClearML task open for one test; returns a reader of its hyperparameters."""
     import json
 
-    from compressflow.tracking import open_run
+    from compressflow.reporting.tracking import open_run
 
     with open_run("compressflow-tests", "unit test", tags=[]) as tracker:
         session = Path(tracker.location)

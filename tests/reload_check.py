@@ -19,7 +19,7 @@ import torch
 import transformers
 
 from compressflow.compat import patch_reloads
-from compressflow.local_text import python_docs
+from compressflow.data.local_text import python_docs
 
 
 def logits(model, texts: list[list[int]]) -> list[torch.Tensor]:

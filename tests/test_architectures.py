@@ -16,16 +16,16 @@ from datasets import Dataset
 from PIL import Image
 from reload_check import assert_published_model_matches_base
 
+from compressflow.data.local_text import python_docs
 from compressflow.demo.zoo import VISION_BUILDERS, ZOO, build_tiny, model_class
 from compressflow.errors import CompressflowError
 from compressflow.flows.compress import compress
-from compressflow.local_text import python_docs
-from compressflow.manifest import read_manifest
 from compressflow.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
+from compressflow.recipes.render import render
 from compressflow.registries.architectures import ARCHITECTURES
+from compressflow.store.manifest import read_manifest
 from compressflow.tasks.adapt_recipe import adapt_recipe
 from compressflow.tasks.fetch_model import fetch
-from compressflow.tasks.render_recipe import render
 
 PRESETS = ["W4A16", "W8A8", "FP8_DYNAMIC"]
 ARCHITECTURE_NAMES = [*ZOO, *VISION_BUILDERS]

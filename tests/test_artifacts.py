@@ -9,7 +9,10 @@ import re
 
 import pytest
 
-from compressflow.artifacts import (
+from compressflow.flows.evaluate import evaluation_key, metric_rows
+from compressflow.flows.sweep import ranking_rows
+from compressflow.params import METRICS, ModelArgs, QualityGate
+from compressflow.reporting.artifacts import (
     MAX_KEY_LENGTH,
     artifact_key,
     duration,
@@ -18,10 +21,6 @@ from compressflow.artifacts import (
     slug,
     stage_table,
 )
-from compressflow.flows.evaluate import evaluation_key, metric_rows
-from compressflow.flows.sweep import ranking_rows
-from compressflow.manifest import Manifest, ManifestResult
-from compressflow.params import METRICS, ModelArgs, QualityGate
 from compressflow.results import (
     EvaluationReport,
     ModuleMetric,
@@ -33,6 +32,7 @@ from compressflow.results import (
     Verification,
     VerificationCheck,
 )
+from compressflow.store.manifest import Manifest, ManifestResult
 from compressflow.tasks.publish import summary_key, summary_markdown
 from compressflow.tasks.verify import verification_markdown
 

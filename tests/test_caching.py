@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from prefect import task
 
-from compressflow import caching
+from compressflow.store import caching
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -28,8 +28,8 @@ def test_results_pickled_by_older_result_models_are_not_reused(monkeypatch):
 
 
 def test_an_unset_text_field_is_not_the_working_directory():
-    from compressflow.caching import local_paths
     from compressflow.params import ModelArgs
+    from compressflow.store.caching import local_paths
 
     paths = local_paths({"args": ModelArgs(model_id="/models/x")})
     assert Path("/models/x") in paths

@@ -20,9 +20,9 @@ from transformers.modeling_outputs import CausalLMOutput
 
 from compressflow.errors import TraceabilityError
 from compressflow.params import RecipeArgs
+from compressflow.recipes.render import render
 from compressflow.results import BuiltDataset, FetchedModel, RenderedRecipe, TraceReport
 from compressflow.tasks.check_traceability import check_traceability, trace_config
-from compressflow.tasks.render_recipe import render
 
 
 def _recipe(pipeline: str, needs_data: bool = True) -> RenderedRecipe:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from prefect_stack import ROOT, Stack, wait_final
 
-from compressflow.artifacts import artifact_key
+from compressflow.reporting.artifacts import artifact_key
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from compressflow.artifacts import artifact_key
 from compressflow.errors import InputError, ModelFetchError, QualityThresholdExceeded
 from compressflow.flows.compress import compress
 from compressflow.flows.evaluate import evaluate
-from compressflow.manifest import read_manifest
 from compressflow.params import (
     DatasetArgs,
     HeldOutArgs,
@@ -28,6 +26,8 @@ from compressflow.params import (
     QualityGate,
     RecipeArgs,
 )
+from compressflow.reporting.artifacts import artifact_key
+from compressflow.store.manifest import read_manifest
 from compressflow.tasks.build_held_out import build_held_out
 from compressflow.tasks.fetch_model import fetch
 

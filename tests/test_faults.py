@@ -24,13 +24,13 @@ from pathlib import Path
 import pytest
 from safetensors import SafetensorError
 
-from compressflow.disk_space import (
+from compressflow.errors import HubUnavailableError, PublishError
+from compressflow.store.disk_space import (
     check_free_space,
     disk_full_errno,
     disk_full_is_clear,
 )
-from compressflow.errors import HubUnavailableError, PublishError
-from compressflow.locks import lock_path, output_lock, read_holder
+from compressflow.store.locks import lock_path, output_lock, read_holder
 from compressflow.tasks.fetch_model import fetch
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -65,7 +65,7 @@ print("PUBLISHED " + published.model_dump_json(), flush=True)
 HOLDER_SCRIPT = r"""
 import sys
 from pathlib import Path
-from compressflow.locks import output_lock
+from compressflow.store.locks import output_lock
 
 with output_lock(Path(sys.argv[1])):
     print("LOCKED", flush=True)
@@ -77,10 +77,10 @@ with output_lock(Path(sys.argv[1])):
 COUNTER_SCRIPT = r"""
 import sys, time
 from pathlib import Path
-import compressflow.locks
-from compressflow.locks import output_lock
+import compressflow.store.locks
+from compressflow.store.locks import output_lock
 
-compressflow.locks.POLL_SECONDS = 0.001
+compressflow.store.locks.POLL_SECONDS = 0.001
 
 counter = Path(sys.argv[1])
 for _ in range(int(sys.argv[2])):

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import HUB_SHA as SHA
 
-from compressflow.caching import stat_signature
 from compressflow.errors import ModelFetchError
 from compressflow.params import ModelArgs
+from compressflow.store.caching import stat_signature
 from compressflow.tasks.fetch_model import fetch
 
 

@@ -16,7 +16,7 @@ from reload_check import assert_published_model_matches_base
 from compressflow.errors import ResourceError
 from compressflow.flows.compress import compress
 from compressflow.flows.validate import validate
-from compressflow.memory import (
+from compressflow.model.memory import (
     CPU_RESERVE,
     GIB,
     Shape,
@@ -32,9 +32,9 @@ from compressflow.params import (
     OutputArgs,
     RecipeArgs,
 )
+from compressflow.recipes.render import render
 from compressflow.results import BuiltDataset, FetchedModel
 from compressflow.tasks.fetch_model import fetch
-from compressflow.tasks.render_recipe import render
 
 # Llama-3.1-8B: 8.03e9 parameters, bfloat16; a decoder layer holds 218M parameters (q/o 4096^2,
 # k/v 4096x1024, gate/up/down 4096x14336), whose Hessians are 4 x 4096^2 + 2 x 4096^2 (q, k, v,

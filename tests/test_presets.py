@@ -20,10 +20,10 @@ from reload_check import assert_published_model_matches_base
 from compressflow.errors import RecipeError
 from compressflow.flows.compress import compress
 from compressflow.flows.validate import validate
-from compressflow.hardware import NEEDS_ACCELERATOR, accelerator
-from compressflow.manifest import read_manifest
+from compressflow.model.hardware import NEEDS_ACCELERATOR, accelerator
 from compressflow.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
-from compressflow.recipe_tree import iter_modifiers
+from compressflow.recipes.render import render
+from compressflow.recipes.tree import iter_modifiers
 from compressflow.registries.presets import (
     KV_CACHE_FP8,
     PRESETS,
@@ -32,7 +32,7 @@ from compressflow.registries.presets import (
     preset_rows,
     resolve_args,
 )
-from compressflow.tasks.render_recipe import render
+from compressflow.store.manifest import read_manifest
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 CPU_PRESETS = [name for name, preset in PRESETS.items() if preset.cpu_ok]
@@ -93,7 +93,7 @@ def test_preset_takes_the_fp8_kv_cache_which_needs_data(name):
 
 
 def test_kv_cache_fp8_is_a_name_recipe_args_take():
-    """Needs tasks/render_recipe.effective_args to return its values through resolve_args."""
+    """Needs compressflow.recipes.placeholders.effective_args to return its values through resolve_args."""
     rendered = render(RecipeArgs(preset="FP8_DYNAMIC", recipe_args={"kv_cache_scheme": "fp8"}))
     assert quantizing_modifier(rendered)["kv_cache_scheme"] == KV_CACHE_FP8
     assert rendered.args["kv_cache_scheme"] == KV_CACHE_FP8
@@ -110,7 +110,7 @@ def test_an_unknown_kv_cache_name_is_refused_with_the_names():
 
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_gpu_only_exactly_where_the_worker_check_refuses(name):
-    """The registry's cpu_ok agrees with the modifiers compressflow.hardware refuses on CPU."""
+    """The registry's cpu_ok agrees with the modifiers compressflow.model.hardware refuses on CPU."""
     rendered = render(RecipeArgs(preset=name))
     assert PRESETS[name].cpu_ok == (not set(rendered.modifiers) & set(NEEDS_ACCELERATOR))
 

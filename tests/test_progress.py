@@ -14,10 +14,10 @@ import re
 import prefect.artifacts
 import pytest
 
-from compressflow import progress, tracking
 from compressflow.flows.compress import compress
 from compressflow.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
-from compressflow.tasks.render_recipe import render
+from compressflow.recipes.render import render
+from compressflow.reporting import progress, tracking
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -36,7 +36,7 @@ def test_progress_advances_per_subgraph_and_reaches_100(tiny_model, tmp_path, mo
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
     updates: list[float] = []
-    # tasks.progress imports it at each call, so patching the module attribute reaches it.
+    # compressflow.reporting.progress imports it at each call, so patching the module attribute reaches it.
     original = prefect.artifacts.update_progress_artifact
 
     def spy(artifact_id, progress, description=None, **kwargs):

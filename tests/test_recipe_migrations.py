@@ -12,11 +12,13 @@ import time
 import pytest
 import yaml
 
-from compressflow import hardware
+from compressflow import compat
 from compressflow.errors import RecipeError
 from compressflow.flows.validate import validate
+from compressflow.model import hardware
 from compressflow.params import RecipeArgs
-from compressflow.tasks.render_recipe import render, render_recipe
+from compressflow.recipes.render import render
+from compressflow.tasks.render_recipe import render_recipe
 
 # The seed system's oneshot examples (seed 001) pass this recipe: a SparseZoo stub.
 SEED_ZOO_STUB = "zoo:llm/llama3-8b/quantization-w8a8-channelwise-dynamic"
@@ -65,13 +67,11 @@ def refused(recipe, **kwargs) -> RecipeError:
 
 
 def test_smoothquant_family_name_becomes_that_familys_mappings(caplog):
-    from llmcompressor.modifiers.transform.smoothquant.utils import MAPPINGS_REGISTRY
+    registry = compat.smoothquant_mappings()
 
     with caplog.at_level(logging.WARNING):
         result = render_recipe.fn(RecipeArgs(recipe=SMOOTHQUANT_FAMILY))
-    expected = [
-        [list(m.balance_layers), m.smooth_layers] for m in MAPPINGS_REGISTRY["LlamaForCausalLM"]
-    ]
+    expected = [[list(m.balance_layers), m.smooth_layers] for m in registry["LlamaForCausalLM"]]
     assert modifier_args(result, "SmoothQuantModifier")["mappings"] == expected
     assert result.modifiers == ["SmoothQuantModifier", "GPTQModifier"]
     (note,) = result.notes
@@ -88,13 +88,13 @@ def test_smoothquant_family_name_becomes_that_familys_mappings(caplog):
     [("LlamaForCausalLM", "LlamaForCausalLM"), ("Qwen2_MoE", "Qwen2MoeForCausalLM")],
 )
 def test_family_names_match_in_any_spelling(given, arch):
-    from llmcompressor.modifiers.transform.smoothquant.utils import MAPPINGS_REGISTRY
+    registry = compat.smoothquant_mappings()
 
     result = render(
         RecipeArgs(recipe=SMOOTHQUANT_FAMILY.replace("mappings: llama", f"mappings: {given}"))
     )
     mappings = modifier_args(result, "SmoothQuantModifier")["mappings"]
-    assert mappings == [[list(m.balance_layers), m.smooth_layers] for m in MAPPINGS_REGISTRY[arch]]
+    assert mappings == [[list(m.balance_layers), m.smooth_layers] for m in registry[arch]]
     assert arch in result.notes[0]
 
 

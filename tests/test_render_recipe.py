@@ -19,12 +19,9 @@ from hypothesis import strategies as st
 
 from compressflow.errors import RecipeError
 from compressflow.params import RecipeArgs
+from compressflow.recipes.placeholders import find_placeholders, substitute
 from compressflow.registries.presets import PRESETS
-from compressflow.tasks.render_recipe import (
-    find_placeholders,
-    render_recipe,
-    substitute,
-)
+from compressflow.tasks.render_recipe import render_recipe
 
 GPTQ = {"targets": "Linear", "scheme": "W4A16", "ignore": ["lm_head"]}
 

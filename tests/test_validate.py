@@ -370,7 +370,7 @@ def test_quiet_drops_library_output_and_keeps_compressflow_warnings(capfd):
     with quiet():
         os.write(1, b"library chatter\n")
         os.write(2, b"a progress bar\n")
-        logging.getLogger("compressflow.disk_space").warning("the disk is nearly full")
+        logging.getLogger("compressflow.store.disk_space").warning("the disk is nearly full")
     printed = capfd.readouterr()
     assert "chatter" not in printed.out and "progress" not in printed.err
     assert "warning: the disk is nearly full\n" in printed.err

@@ -1,8 +1,13 @@
-"""The import-layers contract: imports point down, and stages do not import one another.
+"""The import-layers contract: imports point down, siblings stay apart, internals go through compat.
 
-The contract is data in pyproject.toml (`[tool.compressflow.layers]`). A module may import
-modules of its own layer or of layers below it; a package listed as `independent` holds modules
-that must not import each other (stages share code through the bottom layer instead).
+The contract is data in pyproject.toml (`[tool.compressflow.layers]`):
+- `layers`: a module may import modules of its own layer or of layers below it. A layer written
+  as a list holds sibling packages that must not import one another (the bottom layer's groups).
+- `independent`: a package whose modules must not import each other (stages share code through
+  the bottom layer instead).
+- `adapter` and `internal_modules`: a private library name (an underscored attribute or module)
+  or a module of `internal_modules` is reached only from the adapter module, so a library
+  upgrade is one file's work. This rule covers every tracked Python file, tests included.
 
 import-linter cannot check this repository: it finds a package's modules by walking the
 package's folder, and `compressflow.flows`, `.tasks`, `.blocks` and `.demo` are mapped from
@@ -16,6 +21,7 @@ and prints each violation; it exits 1 when there is one.
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -47,12 +53,15 @@ def imported_names(file: Path) -> list[tuple[int, str]]:
     return names
 
 
-def layer_of(module: str, layers: list[str]) -> int | None:
-    """Index of the most specific layer `module` belongs to (0 is the top)."""
+def layer_of(module: str, layers: list[str | list[str]]) -> tuple[int, str] | None:
+    """(index, package) of the most specific layer package `module` belongs to (0 is the top)."""
     matches = [
-        i for i, layer in enumerate(layers) if module == layer or module.startswith(layer + ".")
+        (i, package)
+        for i, layer in enumerate(layers)
+        for package in ([layer] if isinstance(layer, str) else layer)
+        if module == package or module.startswith(package + ".")
     ]
-    return max(matches, key=lambda i: len(layers[i])) if matches else None
+    return max(matches, key=lambda match: len(match[1])) if matches else None
 
 
 def violations(config: dict, package_dirs: dict[str, str]) -> list[str]:
@@ -66,9 +75,16 @@ def violations(config: dict, package_dirs: dict[str, str]) -> list[str]:
                 continue  # a third-party name, or `from x import function`
             target = layer_of(name, layers)
             where = f"{file.relative_to(ROOT)}:{line}"
-            if own is not None and target is not None and target < own:
+            if own is None or target is None:
+                continue
+            if target[0] < own[0]:
                 found.append(
-                    f"{where}: {module} ({layers[own]}) imports {name} ({layers[target]}), a higher layer"
+                    f"{where}: {module} ({own[1]}) imports {name} ({target[1]}), a higher layer"
+                )
+            elif target[0] == own[0] and target[1] != own[1]:
+                found.append(
+                    f"{where}: {module} ({own[1]}) imports {name} ({target[1]}); "
+                    "sibling groups do not import one another"
                 )
             for package in independent:
                 inside = module.startswith(package + ".") and name.startswith(package + ".")
@@ -83,13 +99,55 @@ def violations(config: dict, package_dirs: dict[str, str]) -> list[str]:
     return found
 
 
+def _private(part: str) -> bool:
+    return part.startswith("_") and not part.startswith("__")
+
+
+def internals_reached(file: Path, internal_modules: list[str]) -> list[str]:
+    """Private library names and internal modules `file` reaches, as 'line: what'."""
+    found = []
+    for node in ast.walk(ast.parse(file.read_text(), str(file))):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                found.append(f"{node.lineno}: private attribute .{node.attr}")
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        for name in names:
+            if name.startswith("compressflow"):
+                continue
+            internal = any(name == m or name.startswith(m + ".") for m in internal_modules)
+            if internal or any(_private(part) for part in name.split(".")):
+                found.append(f"{node.lineno}: internal module {name}")
+                break
+    return found
+
+
+def internals_outside_adapter(config: dict, package_dirs: dict[str, str]) -> list[str]:
+    adapter = module_files(package_dirs)[config["adapter"]].resolve()
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    found = []
+    for relative in tracked:
+        file = ROOT / relative
+        if file.resolve() == adapter or not file.exists():
+            continue
+        for hit in internals_reached(file, config.get("internal_modules", [])):
+            found.append(f"{relative}:{hit}; reach it through {config['adapter']}")
+    return found
+
+
 def main() -> int:
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     package_dirs = {
         "compressflow": "compressflow",
         **pyproject["tool"]["setuptools"]["package-dir"],
     }
-    found = violations(pyproject["tool"]["compressflow"]["layers"], package_dirs)
+    config = pyproject["tool"]["compressflow"]["layers"]
+    found = violations(config, package_dirs) + internals_outside_adapter(config, package_dirs)
     for line in found:
         print(line)
     print(f"import layers: {len(found)} violation(s)" if found else "import layers: kept")

@@ -41,7 +41,7 @@ _EVOL_CODE = (
 SHORTCUTS: dict[str, dict] = {
     "python_docs": {
         "description": "Docstrings of the Python standard library; works offline.",
-        "local_rows": "compressflow.local_text:python_docs",
+        "local_rows": "compressflow.data.local_text:python_docs",
         "split": "train",
         "format": "text",
         "column": "text",

@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from compressflow import tracking
 from compressflow.logs import run_logger
+from compressflow.reporting import tracking
 from compressflow.results import LayerTime
 
 CLEARML_TITLE = "calibration progress"
@@ -32,8 +32,8 @@ CLEARML_TITLE = "calibration progress"
 
 def subgraphs_per_pass(model, sequential_targets: list[str] | None) -> int:
     """How many subgraphs the sequential pipeline will trace `model` into."""
-    from compressed_tensors.utils.match import match_named_modules
-    from llmcompressor.utils.pytorch.module import infer_sequential_targets
+    from compressed_tensors.utils import match_named_modules
+    from llmcompressor.utils.pytorch import infer_sequential_targets
 
     targets = infer_sequential_targets(model, sequential_targets)
     targets = sorted(targets) if isinstance(targets, set) else list(targets)
@@ -153,7 +153,7 @@ def _artifact_call(kind: str, *args, **kwargs):
 def on_subgraph_done(callback: Callable[[], None]) -> Iterator[None]:
     """Call `callback` after each subgraph llm-compressor calibrates inside this block.
 
-    Calibration runs in its own process (compressflow.isolation); there the callback sends an
+    Calibration runs in its own process (compressflow.runtime.isolation); there the callback sends an
     event to the task's process, which owns the CalibrationProgress and reports it.
     """
     from llmcompressor.core import LifecycleCallbacks

@@ -27,8 +27,9 @@ from pathlib import Path
 
 import yaml
 
-from compressflow.checkpoint import tensor_index
+from compressflow import compat
 from compressflow.errors import ResourceError
+from compressflow.model.checkpoint import tensor_index
 from compressflow.params import CalibrationArgs
 from compressflow.results import BuiltDataset, FetchedModel, MemoryPlan, RenderedRecipe, gib
 
@@ -66,7 +67,7 @@ class Shape:
 
 
 def model_shape(meta, config, layer_classes: list[str]) -> Shape:
-    """Sizes from a model built on the meta device (see compressflow.tracing.meta_model)."""
+    """Sizes from a model built on the meta device (see compressflow.model.tracing.meta_model)."""
     import torch
 
     text = config.get_text_config()  # vision-language configs nest the language model's
@@ -418,11 +419,11 @@ def plan_for(
     """Read the config, build the model on the meta device, measure the worker, plan."""
     from transformers import AutoConfig
 
-    from compressflow.tracing import meta_model
+    from compressflow.model.tracing import meta_model
 
     config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
     meta = meta_model(config, model.model_class, model.trust_remote_code)
-    classes = layer_classes or recipe.sequential_targets or list(meta._no_split_modules or [])
+    classes = layer_classes or recipe.sequential_targets or compat.no_split_modules(meta)
     shape = model_shape(meta, config, classes)
     return make_plan(
         model,

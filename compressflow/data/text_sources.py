@@ -25,8 +25,8 @@ import string
 from pathlib import Path
 from typing import Any, Callable
 
+from compressflow.data.user_code import import_callable
 from compressflow.errors import DatasetError
-from compressflow.imports import import_callable
 from compressflow.logs import run_logger
 from compressflow.params import DatasetArgs
 from compressflow.registries.datasets import ALIASES, SHAREGPT_ROLES, SHORTCUTS, lookup

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from compressflow import compat
 from compressflow.logs import run_logger
 from compressflow.settings import Settings
 
@@ -275,11 +276,8 @@ def open_run(
         return
     try:
         from clearml import Task
-        from clearml.backend_interface.task.task import Task as BackendTask
 
-        # The reporter's forked subprocess made close() take 6-300 s (clearml 2.1.12); in-process
-        # reporting closes in ~0.02 s.
-        BackendTask._report_subprocess_enabled = False
+        compat.clearml_report_in_process()
         if settings is not None:
             Task.set_credentials(
                 api_host=settings.api_host,
@@ -352,7 +350,7 @@ def track_flow_run(
     from prefect import runtime
     from prefect.artifacts import create_link_artifact, create_markdown_artifact
 
-    from compressflow.artifacts import is_web_url, slug
+    from compressflow.reporting.artifacts import is_web_url, slug
 
     flow_run = runtime.flow_run
     with open_run(

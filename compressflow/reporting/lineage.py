@@ -17,9 +17,9 @@ from typing import Any
 
 from prefect.assets import Asset, AssetProperties, materialize
 
-from compressflow.artifacts import model_name
 from compressflow.logs import run_logger
 from compressflow.params import ModelArgs, RecipeArgs
+from compressflow.reporting.artifacts import model_name
 from compressflow.results import BuiltDataset, FetchedModel
 
 

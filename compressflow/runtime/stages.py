@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
-from compressflow import tracking
 from compressflow.logs import run_logger
+from compressflow.reporting import tracking
 from compressflow.results import StageRecord
 
 

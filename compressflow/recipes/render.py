@@ -1,0 +1,68 @@
+"""Every step of the recipe engine in order, without Prefect or ClearML."""
+
+from __future__ import annotations
+
+import hashlib
+
+import yaml
+
+from compressflow.errors import RecipeError
+from compressflow.params import RecipeArgs
+from compressflow.recipes import ARGS_FIELD
+from compressflow.recipes.load import load_recipe
+from compressflow.recipes.migrate import migrate_legacy, to_recipe_dict
+from compressflow.recipes.placeholders import effective_args, substitute
+from compressflow.recipes.tree import dump_recipe, first_scheme
+from compressflow.recipes.validate import validate
+from compressflow.results import RenderedRecipe
+
+# Pipelines llm-compressor runs as asked; the others are inferred from the modifiers.
+_EXPLICIT_PIPELINES = ("basic", "datafree")
+
+
+def render(args: RecipeArgs) -> RenderedRecipe:
+    """Every step, without Prefect or ClearML: what the task returns."""
+    data, source, preset_name = load_recipe(args.source())
+    values = dict(args.recipe_args)
+    if preset_name:
+        values = effective_args(preset_name, values)
+    recipe = to_recipe_dict(substitute(data, values))
+    notes, sequential_targets = migrate_legacy(recipe)
+    if sequential_targets and args.sequential_targets:
+        notes.append(
+            f"recipe.sequential_targets {args.sequential_targets} given too; it wins over the "
+            f"recipe's {sequential_targets}"
+        )
+
+    try:
+        text = dump_recipe(recipe)
+    except yaml.YAMLError as exc:
+        raise RecipeError(
+            ARGS_FIELD,
+            f"the recipe holds a value YAML cannot write: {exc}",
+            "use only strings, numbers, booleans, null, lists and mappings",
+        ) from exc
+    # Validate what oneshot will read back, not the in-memory objects.
+    modifiers = validate(yaml.safe_load(text))
+
+    needs_data = any(m.requires_calibration_data for m in modifiers)
+    if args.pipeline in _EXPLICIT_PIPELINES:
+        pipeline = args.pipeline
+        if pipeline == "datafree" and needs_data:
+            notes.append("pipeline datafree was asked for, but the modifiers need calibration data")
+    else:  # as llmcompressor.pipelines.registry.CalibrationPipeline._infer_pipeline does
+        pipeline = "sequential" if needs_data else "datafree"
+
+    return RenderedRecipe(
+        yaml=text,
+        sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        source=source,
+        modifiers=[type(m).__name__ for m in modifiers],
+        scheme=first_scheme(recipe) or preset_name,  # W4AFP8 is written out as config groups
+        pipeline=pipeline,
+        needs_data=needs_data,
+        data_modifiers=sum(m.requires_calibration_data for m in modifiers),
+        notes=notes,
+        sequential_targets=sequential_targets,
+        args=values,
+    )

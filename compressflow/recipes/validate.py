@@ -1,0 +1,139 @@
+"""Step 4: llm-compressor's own parser builds the modifiers; its errors name the field and the fix."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import yaml
+from pydantic import ValidationError
+
+from compressflow import compat
+from compressflow.errors import RecipeError
+from compressflow.recipes import ARGS_FIELD, RECIPE_FIELD
+from compressflow.recipes.tree import closest, iter_modifiers
+
+if TYPE_CHECKING:
+    from llmcompressor.modifiers import Modifier
+
+
+# Fields llm-compressor 0.14 moved off a modifier: the fix, preferred over a similar-looking name
+# (difflib would offer `targets` for `sequential_targets`, which changes what is quantized).
+MOVED_FIELDS: dict[str, str] = {
+    "sequential_targets": "remove `sequential_targets` from the modifier and set "
+    "recipe.sequential_targets (oneshot's argument in llm-compressor 0.14)",
+    "sequential_update": "remove `sequential_update`: llm-compressor 0.14's GPTQ always "
+    "updates layer by layer",
+}
+
+
+def _balance_only_fix(kwargs: dict[str, Any], quantizer_cls: type, balancer_cls: type) -> str:
+    """AWQ in 0.14 only balances; what it was given to quantize goes to a modifier after it."""
+    own = balancer_cls.model_fields
+    moved = {k: v for k, v in kwargs.items() if k in quantizer_cls.model_fields and k not in own}
+    flow = yaml.safe_dump(moved, default_flow_style=True, sort_keys=False, width=10_000).strip()
+    return (
+        f"{balancer_cls.__name__} only balances; put a QuantizationModifier {flow} after it "
+        f"in the same stage and keep only {balancer_cls.__name__}'s own arguments on it"
+    )
+
+
+def _fix_for(modifier_cls: type, error: dict[str, Any], kwargs: dict[str, Any]) -> str:
+    from compressed_tensors.quantization.quant_scheme import PRESET_SCHEMES
+
+    if not error["loc"]:  # a check across several arguments
+        return f"change {modifier_cls.__name__}'s arguments as the message says"
+    field = str(error["loc"][0])
+    if error["type"] == "extra_forbidden":
+        registry = compat.modifier_classes()
+        quantizer = registry["QuantizationModifier"]
+        if modifier_cls is registry["AWQModifier"] and field in quantizer.model_fields:
+            return _balance_only_fix(kwargs, quantizer, modifier_cls)
+        if field in MOVED_FIELDS:
+            return MOVED_FIELDS[field]
+        fields = [f for f in modifier_cls.model_fields if not f.endswith("_")]
+        name = modifier_cls.__name__
+        return f"{closest(field, fields)}remove `{field}` or use a field {name} has"
+    if field == "scheme":
+        given = error.get("input")
+        hint = closest(given.upper(), list(PRESET_SCHEMES)) if isinstance(given, str) else ""
+        return f"{hint}use a preset scheme: {', '.join(PRESET_SCHEMES)}"
+    if field == "observer":
+        return "write observer as {weights: mse} (keys: weights, input, output)"
+    return f"give `{field}` a valid value (see {modifier_cls.__name__}'s docstring)"
+
+
+def _validation_error(exc: ValidationError, recipe: dict[str, Any]) -> RecipeError:
+    registry = compat.modifier_classes()
+    name, messages = exc.title, [e["msg"].removeprefix("Value error, ") for e in exc.errors()]
+    if name not in registry:  # a check on the whole recipe, e.g. AWQ without a quantizer after it
+        return RecipeError(
+            RECIPE_FIELD,
+            f"llm-compressor rejects the recipe: {'; '.join(messages)}",
+            "change the recipe as the message says",
+        )
+    found = [(w, k) for w, n, k in iter_modifiers(recipe) if n == name]
+    where = " or ".join(w for w, _ in found)
+    details = [
+        f"`{'.'.join(map(str, e['loc'])) or 'arguments'}`: {msg} (got {e.get('input')!r})"
+        for e, msg in zip(exc.errors(), messages, strict=True)
+    ]
+    fixes = dict.fromkeys(_fix_for(registry[name], e, found[0][1]) for e in exc.errors())
+    return RecipeError(
+        RECIPE_FIELD,
+        f"llm-compressor rejects {name} in {where}: {'; '.join(details)}",
+        "; ".join(fixes),
+    )
+
+
+# Values llm-compressor 0.14 accepts but cannot work with: (low, high, inclusive low), and why.
+VALUE_RANGES: dict[str, tuple[float, float, bool, str]] = {
+    "dampening_frac": (0.0, 1.0, False, "a fraction of the Hessian's mean diagonal, e.g. 0.01"),
+    "block_size": (1, 1 << 20, True, "columns per GPTQ block, e.g. 128"),
+    "smoothing_strength": (0.0, 1.0, True, "SmoothQuant's alpha, e.g. 0.8"),
+    "sparsity": (0.0, 1.0, True, "the share of weights pruned, e.g. 0.5"),
+    "n_grid": (1, 1 << 20, True, "AWQ's grid points, e.g. 20"),
+}
+
+
+def check_ranges(recipe: dict[str, Any]) -> None:
+    """Refuse values out of their range, which llm-compressor would take and fail on later."""
+    for where, name, kwargs in iter_modifiers(recipe):
+        for key, (low, high, inclusive, meaning) in VALUE_RANGES.items():
+            value = kwargs.get(key)
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                continue
+            if not ((value >= low if inclusive else value > low) and value <= high):
+                bound = f"{'[' if inclusive else '('}{low}, {high}]"
+                raise RecipeError(
+                    ARGS_FIELD,
+                    f"{name}.{key} in {where} is {value}, outside {bound} ({meaning})",
+                    f"set {key} within {bound} in recipe_args or the recipe",
+                )
+
+
+def validate(recipe: dict[str, Any]) -> list[Modifier]:
+    """The modifiers llm-compressor's parser builds; it may change `recipe`, so pass a copy."""
+    # Imported here: llm-compressor takes seconds to import, and listing presets must not pay that.
+    from llmcompressor.recipe import Recipe
+
+    known = sorted(compat.modifier_classes())
+    for where, name, _ in iter_modifiers(recipe):
+        if name not in known:
+            raise RecipeError(
+                RECIPE_FIELD,
+                f"unknown modifier {name!r} in {where}",
+                f"{closest(name, known, cutoff=0.8)}"
+                f"llm-compressor 0.14's modifiers: {', '.join(known)}",
+            )
+    check_ranges(recipe)
+    try:
+        return Recipe.from_dict(recipe).modifiers
+    except ValidationError as exc:
+        raise _validation_error(exc, recipe) from exc
+    # Errors a modifier raises outside pydantic's validation, e.g. from a helper it calls.
+    except (ValueError, TypeError, KeyError) as exc:
+        raise RecipeError(
+            RECIPE_FIELD,
+            f"llm-compressor rejects the recipe: {exc}",
+            "change the recipe as the message says",
+        ) from exc

@@ -1,0 +1,1 @@
+"""How the flow runs: stage records, the calibration child process, the published event."""

@@ -1,0 +1,64 @@
+"""The repository's own checks (in `make lint`) hold on this checkout and catch what they exist for."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _tool(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_checkout_keeps_its_layers_and_names_no_stale_paths():
+    assert _tool("check_layers").main() == 0
+    assert _tool("check_references").main() == 0
+
+
+def test_stale_paths_and_modules_are_found(tmp_path):
+    refs = _tool("check_references")
+    assert refs.missing_path("tasks/events.py") == "tasks/events.py does not exist"
+    assert refs.missing_path("tasks/verify.py") is None
+    assert "no module tasks/evaluation.py" in refs.missing_module("compressflow.tasks.evaluation")
+    assert "defines no Nope" in refs.missing_module("compressflow.params.Nope")
+    assert refs.missing_module("compressflow.reporting.tracking.open_run") is None
+    assert refs.missing_module("tasks.render_recipe.render_recipe") is None
+
+
+def test_private_library_names_are_refused_outside_the_adapter(tmp_path):
+    layers = _tool("check_layers")
+    source = tmp_path / "sample.py"
+    source.write_text(
+        "import torch.fx._symbolic_trace\n"
+        "from llmcompressor.pipelines.sequential.helpers import trace_subgraphs\n"
+        "from llmcompressor import oneshot\n"
+        "mapping = model._no_split_modules\n"
+        "self._mine = 1\n"
+    )
+    found = layers.internals_reached(source, ["llmcompressor.pipelines"])
+    assert found == [
+        "1: internal module torch.fx._symbolic_trace",
+        "2: internal module llmcompressor.pipelines.sequential.helpers",
+        "4: private attribute ._no_split_modules",
+    ]
+
+
+def test_sibling_groups_of_the_bottom_layer_do_not_import_each_other():
+    layers = _tool("check_layers")
+    config = {
+        "layers": [
+            "compressflow.tasks",
+            ["compressflow.store", "compressflow.model"],
+            "compressflow",
+        ]
+    }
+    assert layers.layer_of("compressflow.store.locks", config["layers"]) == (
+        1,
+        "compressflow.store",
+    )
+    assert layers.layer_of("compressflow.params", config["layers"]) == (2, "compressflow")

@@ -1,0 +1,111 @@
+"""Stale references: every repository path or compressflow module named in code or docs exists.
+
+Comments, docstrings and docs name files (`tasks/verify.py`) and modules
+(`compressflow.reporting.tracking`, `tasks.render_recipe.render_recipe`); a move that forgets
+one leaves a newcomer looking for a file that is gone. This reads every tracked text file and
+prints each path or module reference that resolves to nothing; it exits 1 when there is one.
+
+    python tools/check_references.py
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TOP_FOLDERS = ("compressflow", "tasks", "flows", "blocks", "tests", "tools", "benchmarks", "demo")
+PATH = re.compile(
+    rf"(?<![\w./-])(?:{'|'.join(TOP_FOLDERS)}|docs|\.ci)/[A-Za-z0-9_./-]*[A-Za-z0-9_]"
+)
+# Dotted names of our modules, as the installed package (`compressflow.tasks.verify`) or as the
+# folder (`tasks.verify`); a name after the module must be defined in it.
+PACKAGE_DIRS = {
+    "compressflow.flows": "flows",
+    "compressflow.tasks": "tasks",
+    "compressflow.blocks": "blocks",
+    "compressflow.demo": "demo",
+    "compressflow": "compressflow",
+    "tasks": "tasks",
+    "flows": "flows",
+}
+DOTTED = re.compile(r"(?<![\w./-])(?:compressflow|tasks|flows)(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+# Dotted strings that are names of something else: Prefect event and resource names, labels.
+NOT_MODULES = (
+    "compressflow.model.published",
+    "compressflow.scheme",
+    "compressflow.reused",
+    "compressflow.auto_evaluate",
+    "compressflow.output_dir",
+    "compressflow.layers",
+)
+
+
+def tracked_text_files() -> list[Path]:
+    names = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    files = []
+    for name in names:
+        file = ROOT / name
+        if file.suffix in (".png", ".jpg", ".ico") or not file.is_file():
+            continue
+        files.append(file)
+    return files
+
+
+def missing_path(reference: str) -> str | None:
+    path = reference.rstrip(".")
+    return None if (ROOT / path).exists() else f"{path} does not exist"
+
+
+def _defines(file: Path, name: str) -> bool:
+    pattern = (
+        rf"^\s*(?:async def|def|class)\s+{name}\b|^\s*{name}\s*[:=]|^(?:from|import)\s.*\b{name}\b"
+    )
+    return re.search(pattern, file.read_text(), re.M) is not None
+
+
+def missing_module(reference: str) -> str | None:
+    """Why `reference` names nothing, or None when its module (and name, if any) exists."""
+    if reference.startswith(NOT_MODULES):
+        return None
+    parts = reference.split(".")
+    prefix = max(
+        (p for p in PACKAGE_DIRS if parts[: p.count(".") + 1] == p.split(".")),
+        key=len,
+    )
+    folder, rest = ROOT / PACKAGE_DIRS[prefix], parts[prefix.count(".") + 1 :]
+    while rest and (folder / rest[0]).is_dir():
+        folder, rest = folder / rest[0], rest[1:]
+    if not rest:
+        return None
+    module = folder / f"{rest[0]}.py"
+    if not module.exists():
+        return f"{reference}: no module {module.relative_to(ROOT)}"
+    if len(rest) > 1 and not _defines(module, rest[1]):
+        return f"{reference}: {module.relative_to(ROOT)} defines no {rest[1]}"
+    return None
+
+
+def stale(file: Path) -> list[str]:
+    found = []
+    for number, line in enumerate(file.read_text(errors="replace").splitlines(), 1):
+        problems = [missing_path(m) for m in PATH.findall(line)]
+        problems += [missing_module(m) for m in DOTTED.findall(line)]
+        found += [f"{file.relative_to(ROOT)}:{number}: {p}" for p in problems if p]
+    return found
+
+
+def main() -> int:
+    found = [problem for file in tracked_text_files() for problem in stale(file)]
+    for line in found:
+        print(line)
+    print(f"references: {len(found)} stale" if found else "references: all resolve")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
