@@ -9,7 +9,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo test unit lint format clean screenshots
+.PHONY: demo test unit matrix lint format clean screenshots
 
 # torch first, pinned: resolving a bare torch pulls the newest CUDA build (several GB).
 $(STAMP): pyproject.toml
@@ -22,12 +22,18 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m compressflow.demo
 
+# Every behaviour, one end-to-end run each; the slow matrices run in `make matrix`.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not matrix"
 
 # The fast tests alone: no Prefect server, no end-to-end run.
 unit: $(STAMP)
-	$(PY) -m pytest -q -m "not e2e"
+	$(PY) -m pytest -q -m "not e2e and not matrix"
+
+# The architecture and preset matrices (every family and CPU preset end to end); CI runs them
+# after `make test`.
+matrix: $(STAMP)
+	$(PY) -m pytest -q -m matrix
 
 # Formatter, linter and the import-layers contract (pyproject.toml), as CI runs them.
 lint: $(STAMP)

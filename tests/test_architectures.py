@@ -44,6 +44,7 @@ def zoo_root(test_root) -> Path:
     return test_root / "zoo"
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("name", ARCHITECTURE_NAMES)
 def test_preset_publishes_a_verified_model_or_refuses_clearly(
@@ -85,6 +86,7 @@ def image_captions(args) -> Dataset:
 VISION_REFUSALS = {"qwen2_5_vl": ["dataset.vision_samples", "requires the Torchvision library"]}
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("preset", ["W4A16", "W8A8"])
 @pytest.mark.parametrize("name", list(VISION_BUILDERS))
 def test_vision_calibration_publishes_a_verified_model_or_refuses_clearly(

@@ -186,6 +186,7 @@ def test_fp4_preset_on_a_float32_model_is_refused_before_weights_load(name, tiny
 # ---------------------------------------------------------------- CPU presets end to end
 
 
+@pytest.mark.matrix
 @pytest.mark.usefixtures("prefect_harness")
 @pytest.mark.parametrize("name", CPU_PRESETS)
 def test_cpu_preset_publishes_a_verified_model_that_reloads(
