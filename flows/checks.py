@@ -1,8 +1,9 @@
 """The checks compress-model makes before calibrating, shared with `compressflow validate`.
 
 Both run the same two steps, so they cannot drift: `resolve_inputs` (render the recipe and refuse
-what this worker's hardware cannot run, fetch the model, build the dataset: the cheap stages, in
-the order that fails fastest) and
+what this worker's hardware cannot run, fetch the model, refuse an output or offload folder that
+overlaps the source model's, build the dataset: the cheap stages, in the order that fails
+fastest) and
 `check_before_calibration` (the output folder, disk space, the memory plan, traceability on the
 meta device).
 The flow runs them as Prefect tasks through `compressflow.runtime.stages.Stages` (cached, recorded) and
@@ -21,7 +22,7 @@ from compressflow.model.hardware import refuse_fp4_on_float32, refuse_unsupporte
 from compressflow.params import CalibrationArgs, DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
 from compressflow.results import BuiltDataset, FetchedModel, MemoryPlan, RenderedRecipe
 from compressflow.store.disk_space import check_free_space
-from compressflow.store.manifest import check_target, output_path, run_key
+from compressflow.store.manifest import check_apart, check_target, output_path, run_key
 from compressflow.tasks.adapt_recipe import adapt_recipe
 from compressflow.tasks.build_dataset import build_dataset
 from compressflow.tasks.check_traceability import check_traceability
@@ -56,15 +57,22 @@ def resolve_inputs(
     rendered = run(render_recipe, recipe)
     # Called directly, not as a stage: a check of this process's hardware, never cached.
     refuse_unsupported(rendered)
+    local = Path(model.model_id).expanduser()
+    if output.save_directory and not model.clearml_model and local.exists():
+        # A local source is known before fetch_model hashes it (minutes for a large model).
+        check_apart(Path(output.save_directory), local, calibration.offload_folder)
     fetched = run(fetch_model, model, weights)
     refuse_fp4_on_float32(rendered, fetched)
     rendered = run(adapt_recipe, rendered, fetched)
+    target = output_path(output, fetched, rendered)
+    # Whatever `overwrite` says, and before the dataset builds: the source is never written to.
+    check_apart(target, Path(fetched.path), calibration.offload_folder)
     built = run(build_dataset, dataset, fetched, rendered.needs_data)
     return Inputs(
         recipe=rendered,
         model=fetched,
         dataset=built,
-        target=output_path(output, fetched, rendered),
+        target=target,
         key=run_key(fetched, built, rendered, recipe, output, calibration),
     )
 

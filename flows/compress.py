@@ -39,7 +39,7 @@ from compressflow.store.locks import output_lock
 from compressflow.store.manifest import (
     find_published,
     reference_path,
-    remove_stale_staging,
+    remove_leftovers,
     staging_path,
 )
 from compressflow.tasks.calibrate import calibrate, calibrate_here
@@ -119,12 +119,13 @@ def run_stages(
     # One writer per output: a second run waits here, then reuses what the first published
     # (same inputs) or is refused by check_output (another model).
     with output_lock(target, log):
+        # What killed runs left beside the output (copies of the weights, some of them).
+        remove_leftovers(target)
         if existing := find_published(target, resolved.key):
             log.info("Reusing %s: it was published from the same model, data and recipe", target)
             reused = existing.model_copy(update={"stages": stages.records})
             summarize_reused(reused)
             return reused
-        remove_stale_staging(target)
         plan = check_before_calibration(stages.run, resolved, recipe, output, calibration)
 
         staging = staging_path(target)

@@ -3,7 +3,9 @@
 A published folder holds the checkpoint, the rendered `recipe.yaml` and a `manifest.json`. It
 appears in one `rename` from a staging folder beside it, so a reader never sees a partial model
 and a failed or killed run leaves nothing at the output path. A folder that already holds another
-model is never replaced unless `overwrite` is asked for.
+model is never replaced unless it is an earlier compressflow output (it holds our manifest) and
+`overwrite` is asked for, and an output never overlaps the source model's folder. What a killed
+run leaves beside the output (staging, offload and retired folders) the next run removes.
 
 The manifest's `run_key` hashes what determines the result (model identity, dataset fingerprint,
 rendered recipe, calibration knobs, library versions): a later run with the same key finds the
@@ -12,6 +14,7 @@ published folder and returns it without calibrating again.
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -24,7 +27,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from compressflow.errors import PublishError
+from compressflow.errors import InputError, PublishError
+from compressflow.logs import run_logger
 from compressflow.params import CalibrationArgs, DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
 from compressflow.results import (
     BuiltDataset,
@@ -166,23 +170,86 @@ def find_published(target: Path, key: str) -> PublishedModel | None:
 
 
 def check_target(target: Path, key: str, overwrite: bool) -> None:
-    """Refuse, before any calibration, to replace a folder that holds something else."""
-    if not target.exists() or find_published(target, key) or overwrite:
+    """Refuse, before any calibration, to replace a folder that holds something else.
+
+    `overwrite` replaces an earlier compressflow output only (one with our manifest): files we
+    did not publish are never moved or deleted.
+    """
+    if not target.exists() or find_published(target, key):
         return
     if target.is_dir() and not any(target.iterdir()):
         return
     manifest = read_manifest(target)
-    held = (
-        f"another compressflow output (model {manifest.result.model_identity}, "
-        f"scheme {manifest.result.scheme})"
-        if manifest
-        else "files that compressflow did not publish"
-    )
+    if manifest and overwrite:
+        return
+    if manifest:
+        raise PublishError(
+            "output.save_directory",
+            f"{target} already holds another compressflow output (model "
+            f"{manifest.result.model_identity}, scheme {manifest.result.scheme})",
+            "choose another save_directory, or set output.overwrite: true to replace it",
+        )
     raise PublishError(
         "output.save_directory",
-        f"{target} already holds {held}",
-        "choose another save_directory, or set output.overwrite: true to replace it",
+        f"{target} already holds {not_ours(target)}, which compressflow did not publish (no "
+        f"readable {MANIFEST})",
+        "choose another save_directory, or empty that folder yourself; output.overwrite: true "
+        "replaces only an earlier compressflow output, never other files",
     )
+
+
+def not_ours(target: Path) -> str:
+    """What is at `target`, for a refusal: a file, or the first few names in the folder."""
+    if not target.is_dir():
+        return "a file"
+    names = sorted(entry.name for entry in target.iterdir())
+    return f"{len(names)} entries ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+
+
+def relation(path: Path, other: Path) -> str | None:
+    """How two resolved paths overlap: 'is', 'lies inside' or 'contains'; None when apart."""
+    if path == other:
+        return "is"
+    if other in path.parents:
+        return "lies inside"
+    if path in other.parents:
+        return "contains"
+    return None
+
+
+def source_folder(model_path: str | Path) -> Path:
+    """Where a model's files live, symlinks resolved; for a hub snapshot its repository's whole
+    cache folder (`models--org--name`), whose `blobs/` hold the files the snapshot links to."""
+    path = Path(model_path).expanduser().resolve()
+    if path.parent.name == "snapshots" and path.parent.parent.name.startswith("models--"):
+        return path.parent.parent
+    return path
+
+
+def check_apart(target: Path, source: Path, offload: str = "") -> None:
+    """Refuse an output that is, lies inside or contains the source model's folder, whatever
+    `overwrite` says (publishing replaces the output folder), and a user's offload folder that is
+    or lies inside either of them (offloaded weights would be written among theirs)."""
+    target, source = target.expanduser().resolve(), source_folder(source)
+    if how := relation(target, source):
+        raise PublishError(
+            "output.save_directory",
+            f"{target} {how} the source model's folder {source} (symlinks resolved): "
+            "publishing there could replace or delete the original weights",
+            "choose a save_directory outside the source model's folder",
+        )
+    if not offload:
+        return
+    folder = Path(offload).expanduser().resolve()
+    for other, what in ((source, "the source model's folder"), (target, "the output folder")):
+        if (how := relation(folder, other)) in ("is", "lies inside"):
+            raise InputError(
+                "calibration.offload_folder",
+                f"{folder} {how} {what} {other} (symlinks resolved): offloaded weights would be "
+                "written among its files",
+                "choose an offload_folder outside both, or leave it empty for a temporary folder "
+                "beside the output",
+            )
 
 
 def staging_path(target: Path) -> Path:
@@ -196,20 +263,67 @@ def reference_path(staging: Path) -> Path:
     return staging.with_name(staging.name + ".reference.pt")
 
 
-def remove_stale_staging(target: Path) -> None:
-    """Delete staging folders (and reference files) of `target` left by runs whose process is
-    gone (e.g. SIGKILL)."""
-    for leftover in target.parent.glob(f".{target.name}.staging-*"):
-        pid = int(leftover.name.rsplit("-", 2)[-2])
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            if leftover.is_dir():
-                shutil.rmtree(leftover, ignore_errors=True)
-            else:
-                leftover.unlink(missing_ok=True)
-        except PermissionError:  # alive, owned by someone else
+# The hidden names a run gives what it keeps beside its output, after `.<output name>.`: the
+# staging folder (and its reference logits), the offload folder (compressflow.model.memory) and
+# an output being replaced. Each carries the pid of the run that made it.
+LEFTOVERS = {
+    "staging": r"staging-(\d{1,9})-[0-9a-f]{8}(\.reference\.pt)?",
+    "offload": r"offload-(\d{1,9})",
+    "retired": r"retired-(\d{1,9})-[0-9a-f]{8}",
+}
+
+
+def leftover_owner(target: Path, path: Path) -> tuple[str, int] | None:
+    """(kind, pid) when `path` is named as a run names its hidden folders beside `target`."""
+    prefix = f".{target.name}."
+    if path.name.startswith(prefix):
+        for kind, pattern in LEFTOVERS.items():
+            if match := re.fullmatch(pattern, path.name.removeprefix(prefix)):
+                return kind, int(match[1])
+    return None
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def remove_leftovers(target: Path) -> None:
+    """Delete what runs of `target` killed midway left beside it (staging and offload folders
+    can hold a full copy of the weights). Called under the output's lock; only our names, only
+    when their process is gone, a retired folder only while it still holds our manifest."""
+    log = run_logger(__name__)
+    for path in sorted(target.parent.glob(f".{glob.escape(target.name)}.*")):
+        owner = leftover_owner(target, path)
+        if owner is None or alive(owner[1]) or path.is_symlink():  # we never make links
             continue
+        kind, pid = owner
+        if kind == "retired" and read_manifest(path) is None:
+            continue
+        if kind == "retired":
+            delete_output(path)
+        elif path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        log.info("Removed %s (%s), left by pid %d, which is gone", path, kind, pid)
+
+
+def delete_output(folder: Path) -> None:
+    """Delete a retired output, its manifest last: a deletion cut short stays recognisable."""
+    for entry in folder.iterdir():
+        if entry.name == MANIFEST:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -221,18 +335,31 @@ def _fsync_tree(folder: Path) -> None:
 
 
 def seal(staging: Path, target: Path, overwrite: bool) -> None:
-    """Move `staging` to `target` in one rename; with overwrite, swap the old folder out first."""
+    """Move `staging` to `target` in one rename; with overwrite, swap an earlier output of ours
+    out first (never a folder without our manifest)."""
     _fsync_tree(staging)
     if not target.exists():
         staging.rename(target)
         return
-    if not overwrite and any(target.iterdir()):
+    if target.is_dir() and not any(target.iterdir()):
+        staging.rename(target)  # rename(2) replaces an empty folder in one step
+        return
+    manifest = read_manifest(target)
+    if manifest is None:
+        raise PublishError(
+            "output.save_directory",
+            f"{target} was filled while this run calibrated, with {not_ours(target)} that "
+            f"compressflow did not publish (no readable {MANIFEST}); nothing was published",
+            "find out what writes there, then pick another save_directory or empty that folder",
+        )
+    if not overwrite:
         raise PublishError(
             "output.save_directory",
             f"{target} was filled by another run while this one calibrated",
             "rerun (it will reuse that output if it matches) or pick another folder",
         )
-    retired = target.parent / f".{target.name}.retired-{uuid.uuid4().hex[:8]}"
+    # The pid lets remove_leftovers tell a killed run's retired folder from a live one's.
+    retired = target.parent / f".{target.name}.retired-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     target.rename(retired)
     staging.rename(target)
-    shutil.rmtree(retired, ignore_errors=True)
+    delete_output(retired)
