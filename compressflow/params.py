@@ -8,11 +8,13 @@ the same. They hold no secrets: hub tokens and ClearML keys come from blocks or 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from compressflow.errors import InputError, RecipeError
+from compressflow.limits import check_data
 from compressflow.registries.presets import PRESETS, preset_named
 
 # `module:function`, never serialized source: loaders are imported, not executed from text.
@@ -77,7 +79,8 @@ class TextSourceArgs(_Args):
         default="python_docs",
         min_length=1,
         description="A registered shortcut (see compressflow.registries.datasets), a hub dataset "
-        "id, or a local .txt/.jsonl/.json/.parquet file.",
+        "id, or a local .txt/.jsonl/.json/.parquet/.csv/.arrow file or a folder of them (up to "
+        "COMPRESSFLOW_MAX_DATA_MB, 1 GiB by default).",
     )
     dataset_config_name: str = Field(
         default="", description="Hub dataset configuration (subset) name; empty: the default one."
@@ -174,6 +177,13 @@ class RecipeArgs(_Args):
             return yaml.safe_dump(value, sort_keys=False)
         return value
 
+    @field_validator("recipe_args", mode="before")
+    @classmethod
+    def _bounded_args(cls, value: Any) -> Any:
+        # Before anything walks them: shared lists from Python or a YAML file expand when dumped.
+        check_data(value, "recipe.recipe_args", RecipeError)
+        return value
+
     def source(self) -> str:
         """What renders: the user's own recipe when given, else the preset's name."""
         return self.recipe or self.preset
@@ -203,7 +213,7 @@ class CalibrationArgs(_Args):
         le=512,
         description="Calibration samples per forward pass; 0 picks the largest of 16, 8, 4, 2 "
         "that fits in memory and cuts at most 2% of the tokens (each batch is cut to its "
-        "shortest sample).",
+        "shortest sample); 1, the only size they take, for AutoRound and image+text data.",
     )
     sequential_prefetch: Literal["auto", "on", "off"] = Field(
         default="auto",
@@ -366,7 +376,8 @@ METRICS = ("perplexity_increase_pct", "kl_divergence", "top1_agreement", "compre
 
 
 class SearchSpace(_Args):
-    recipe_args: dict[str, list[Any]] = Field(
+    # minItems in the schema: the server refuses an empty list before a run starts.
+    recipe_args: dict[str, Annotated[list[Any], Field(min_length=1)]] = Field(
         default_factory=dict,
         description="Values to try for each recipe placeholder, e.g. "
         "{dampening_frac: [0.01, 0.1], block_size: [64, 128]}.",
@@ -380,6 +391,30 @@ class SearchSpace(_Args):
     )
     budget: int = Field(default=0, ge=0, description="Random search: how many points (0: all).")
     seed: int = Field(default=0, description="Random search: which points are drawn.")
+
+    @field_validator("recipe_args", mode="before")
+    @classmethod
+    def _bounded_args(cls, value: Any) -> Any:
+        check_data(value, "space.recipe_args", RecipeError)  # as RecipeArgs.recipe_args
+        return value
+
+    @field_validator("recipe_args", mode="before")
+    @classmethod
+    def _no_empty_values(cls, value: Any) -> Any:
+        # An empty list leaves the grid without a single point: refused here, with the fix.
+        if isinstance(value, dict):
+            empty = [
+                name for name, values in value.items() if isinstance(values, list) and not values
+            ]
+            if empty:
+                raise InputError(
+                    "space.recipe_args",
+                    f"the list of values to try for {', '.join(empty)} is empty, so the search has "
+                    "no point to run",
+                    f"give {empty[0]} at least one value, or leave it out of the search (the "
+                    "recipe's own value is then used)",
+                )
+        return value
 
 
 class Objective(_Args):

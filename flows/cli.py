@@ -27,6 +27,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from compressflow.errors import CompressflowError, InputError
+from compressflow.limits import load_yaml, read_text
 
 EPILOG = """\
 examples:
@@ -83,7 +84,7 @@ def quiet() -> Iterator[None]:
 def read_yaml(path: Path, option: str) -> dict[str, Any]:
     """The mapping a YAML (or JSON) file holds; InputError naming the option when there is none."""
     try:
-        content = yaml.safe_load(path.read_text())
+        content = load_yaml(read_text(path, str(path), option), str(path), option)
     except (OSError, yaml.YAMLError) as exc:
         problem = " ".join(f"cannot read {path}: {exc}".split())  # YAML's message spans lines
         raise InputError(option, problem, "give a readable YAML or JSON file") from exc

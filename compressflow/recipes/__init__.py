@@ -7,7 +7,8 @@ becomes one stage (a dict or list given from Python arrives as YAML text).
 
 Steps, one module each, plain functions so they can be tested without Prefect; `render.render`
 runs them in order and `tasks/render_recipe.py` is the stage around it:
-1. `load`: the form becomes parsed YAML data (YAML only through `yaml.safe_load`).
+1. `load`: the form becomes parsed YAML data (YAML only through `compressflow.limits.load_yaml`:
+   the safe loader, with caps on size, depth and alias expansion).
 2. `placeholders`: `$name` / `${name}` placeholders in *values* take the `recipe_args` (dict keys
    are never substituted). A value that is exactly one placeholder takes the argument with its
    type; a placeholder inside a longer string is replaced by `str(value)`. Inserted values are not

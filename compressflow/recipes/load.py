@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from compressflow.errors import RecipeError
+from compressflow.limits import load_yaml, read_text
 from compressflow.recipes import RECIPE_FIELD
 from compressflow.registries.presets import PRESETS, preset_named
 
@@ -22,7 +23,7 @@ def _position(mark: yaml.Mark | None, prefix: str) -> str:
 
 def _parse_yaml(text: str, where: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text, where, RECIPE_FIELD, RecipeError)
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or str(exc)
         # The context says where the construct that failed began, e.g. an unclosed [.
@@ -84,7 +85,8 @@ def load_recipe(recipe: str) -> tuple[Any, str, str | None]:
                 f"recipe file {recipe.strip()!r} does not exist (looked for {path.resolve()})",
                 f"check the path; a relative path starts from the working directory {Path.cwd()}",
             )
-        data = _parse_yaml(path.read_text(encoding="utf-8"), f"recipe file {str(path)!r}")
+        where = f"recipe file {str(path)!r}"
+        data = _parse_yaml(read_text(path, where, RECIPE_FIELD, RecipeError), where)
         if not isinstance(data, (dict, list)):
             raise RecipeError(
                 RECIPE_FIELD,

@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from compressflow.errors import RecipeError
+from compressflow.limits import MAX_NODES, MAX_TEXT_BYTES, check_data
 from compressflow.recipes import ARGS_FIELD
 from compressflow.registries.presets import PRESETS, resolve_args
 
@@ -63,6 +64,35 @@ def _fill(node: Any, values: dict[str, Any]) -> Any:
     return PLACEHOLDER.sub(lambda m: str(values[m["braced"] or m["bare"]]), node)
 
 
+def _check_growth(node: Any, values: dict[str, Any]) -> None:
+    """Refuse before filling: a recipe and values each within the limits still multiply when one
+    large value is inserted at many places."""
+    sizes = {name: check_data(value, ARGS_FIELD, RecipeError) for name, value in values.items()}
+    # str(value)'s length, about: its text plus a bracket, quote or comma per value.
+    lengths = {name: chars + nodes for name, (nodes, chars) in sizes.items()}
+    nodes = chars = 0
+    stack = [node]
+    while stack:  # the loaded recipe is at most MAX_NODES values, as expanded
+        item = stack.pop()
+        nodes += 1
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str) and (whole := PLACEHOLDER.fullmatch(item)):
+            nodes += sizes[whole["braced"] or whole["bare"]][0] - 1
+        elif isinstance(item, str):
+            chars += sum(lengths[m["braced"] or m["bare"]] for m in PLACEHOLDER.finditer(item))
+    if nodes > MAX_NODES or chars > MAX_TEXT_BYTES:
+        raise RecipeError(
+            ARGS_FIELD,
+            f"the recipe with its placeholders filled would hold {nodes:,} values and about "
+            f"{chars:,} characters of inserted text, over the limits of {MAX_NODES:,} values "
+            f"and {MAX_TEXT_BYTES:,} characters",
+            "use each large value at fewer places, or make it smaller",
+        )
+
+
 def substitute(node: Any, values: dict[str, Any]) -> Any:
     """`node` with every placeholder replaced; RecipeError naming all missing and unused names."""
     used = find_placeholders(node)
@@ -88,4 +118,5 @@ def substitute(node: Any, values: dict[str, Any]) -> Any:
                 + (f" or fix the spelling ({', '.join(typos)})" if typos else "")
             )
         raise RecipeError(ARGS_FIELD, "; ".join(problems), "; ".join(fixes))
+    _check_growth(node, values)
     return _fill(node, values)

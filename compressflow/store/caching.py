@@ -6,9 +6,12 @@ its path. `LocalSourceAware` therefore keys on the inputs, the task's source and
 signature (path, size, mtime) of every local path found among the inputs. The stage itself then
 records a content identity (a hash), so a cache hit is still traceable in the manifest.
 
-Cached results are pickled result models: the key also holds a hash of `compressflow.results`,
-so results pickled by an earlier version of those models (missing a field added since) are never
-handed to code that expects the new ones.
+The task's own source is not enough: what a stage returns also depends on the code it calls (the
+recipe engine, the dataset builder, the result models it pickles) and on the libraries that do
+the work. So the key also holds `code_identity()`: a hash of every .py file of the installed
+compressflow package and the versions of the libraries in `LIBRARIES`. Editing or upgrading any
+of them misses the cache instead of reusing, for up to 7 days, a result the new code would not
+produce (or a result model missing a field added since).
 
 Cached results point at folders on disk; the flow's stage runner refreshes an entry whose folder
 was deleted, so a cleaned cache never surfaces as a confusing error downstream.
@@ -16,7 +19,11 @@ was deleted, so a cleaned cache never surfaces as a confusing error downstream.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.metadata
+import importlib.util
+import json
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -26,13 +33,64 @@ from prefect.cache_policies import INPUTS, TASK_SOURCE, CachePolicy
 from prefect.context import TaskRunContext
 from pydantic import BaseModel
 
-from compressflow import results
 from compressflow.settings import settings
 
-RESULTS_SOURCE = hashlib.sha256(Path(results.__file__).read_bytes()).hexdigest()
+# The installed package's parts (flows, tasks and blocks are mapped from top-level folders).
+PACKAGES = ("compressflow", "compressflow.flows", "compressflow.tasks", "compressflow.blocks")
+# Distributions whose upgrade can change a rendered recipe, a fetched model's checks or a dataset.
+LIBRARIES = (
+    "llmcompressor",
+    "compressed-tensors",
+    "transformers",
+    "tokenizers",
+    "datasets",
+    "torch",
+)
 
 # Unpinned hub revisions ("main") are re-resolved after this long; pinned ones never change.
 CACHE_EXPIRATION = timedelta(days=7)
+
+
+def package_folders() -> list[Path]:
+    """The folders of `PACKAGES`, found without importing them; a folder already inside an
+    earlier one (a non-editable install nests them) is not listed twice."""
+    folders: list[Path] = []
+    for name in PACKAGES:
+        spec = importlib.util.find_spec(name)
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            folder = Path(location).resolve()
+            if not any(folder.is_relative_to(seen) for seen in folders):
+                folders.append(folder)
+    return folders
+
+
+def source_hash(folders: list[Path]) -> str:
+    """sha256 over every .py file's path (relative to its folder) and content."""
+    digest = hashlib.sha256()
+    for folder in folders:
+        for file in sorted(folder.rglob("*.py")):
+            digest.update(f"{folder.name}/{file.relative_to(folder)}\0".encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def library_versions() -> dict[str, str]:
+    """Installed versions of `LIBRARIES`, read from their metadata (nothing is imported)."""
+    versions = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    return versions
+
+
+@functools.cache
+def code_identity() -> str:
+    """The code and library versions a cached result came from; computed once per process
+    (a worker runs one version of both)."""
+    versions = json.dumps(library_versions(), sort_keys=True)
+    return hashlib.sha256(f"{source_hash(package_folders())}\n{versions}".encode()).hexdigest()
 
 
 def _strings(value: Any):
@@ -69,8 +127,8 @@ def stat_signature(path: Path) -> str | None:
 
 @dataclass
 class LocalSourceAware(CachePolicy):
-    """INPUTS + TASK_SOURCE + the result models' source, plus the stat signature of local paths
-    among the inputs."""
+    """INPUTS + TASK_SOURCE + `code_identity()`, plus the stat signature of local paths among
+    the inputs. No fields: Prefect pickles the policy, and the identity is per process."""
 
     def compute_key(
         self,
@@ -85,7 +143,7 @@ class LocalSourceAware(CachePolicy):
         signatures = [
             sig for path in local_paths(inputs) if (sig := stat_signature(path)) is not None
         ]
-        return hashlib.sha256("\n".join([base, RESULTS_SOURCE, *signatures]).encode()).hexdigest()
+        return hashlib.sha256("\n".join([base, code_identity(), *signatures]).encode()).hexdigest()
 
 
 def local_paths(inputs: dict[str, Any]) -> list[Path]:

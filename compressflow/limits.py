@@ -1,0 +1,187 @@
+"""Bounded parsing of what users hand the flow: YAML and JSON text, and parameter values.
+
+PyYAML keeps an alias as a shared reference, so a 2 kB recipe of nested aliases ("billion
+laughs") loads at once and then expands to billions of values in whatever walks, copies or dumps
+it; ten thousand nested `[` make its composer recurse past Python's limit. So text is capped
+before it is parsed, and the composed node graph is counted *as expanded* (an alias counts its
+whole target again) and its depth is capped while it is composed, before anything walks it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from compressflow.errors import CompressflowError, InputError
+
+MAX_TEXT_BYTES = 1 << 20  # a recipe or parameter file: the largest real recipe is a few kB
+MAX_JSON_BYTES = 16 << 20  # a model's config.json or shard index
+MAX_NODES = 100_000  # values once aliases are expanded
+MAX_DEPTH = 64  # nesting; recipes nest about 7 deep
+
+_SMALLER = "make {where} smaller"
+_NO_ALIASES = "write {where} out in full, without nested aliases (&anchor / *alias), and smaller"
+
+
+class _LimitHit(Exception):
+    """Raised inside the loader with (problem, fix); `load_yaml` turns it into the caller's error."""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that sizes each node as it is composed: 1 + its children's sizes, where an
+    alias's target was already sized, so counting stays linear in the text."""
+
+    def __init__(self, stream: str):
+        super().__init__(stream)
+        self._sizes: dict[yaml.Node, int] = {}
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> yaml.Node:
+        if self.check_event(yaml.AliasEvent):
+            target = self.anchors.get(self.peek_event().anchor)
+            if target is not None and target not in self._sizes:
+                raise _LimitHit(
+                    "holds an alias inside the value it refers to, so it never ends",
+                    "remove that alias (*name inside &name's own value)",
+                )
+            return super().compose_node(parent, index)
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise _LimitHit(
+                    f"nests deeper than the limit of {MAX_DEPTH} levels", "write it flatter"
+                )
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        children = (
+            [n for pair in node.value for n in pair]
+            if isinstance(node, yaml.MappingNode)
+            else node.value
+            if isinstance(node, yaml.SequenceNode)
+            else []
+        )
+        size = self._sizes[node] = 1 + sum(self._sizes[child] for child in children)
+        if size > MAX_NODES:
+            raise _LimitHit(
+                f"expands to more than the limit of {MAX_NODES:,} values once its aliases are "
+                "followed",
+                _NO_ALIASES,
+            )
+        return node
+
+
+def _too_big(size: int, limit: int) -> str:
+    return f"is {size:,} bytes, over the limit of {limit:,} bytes"
+
+
+def load_yaml(
+    text: str, where: str, field: str, error: type[CompressflowError] = InputError
+) -> Any:
+    """`yaml.safe_load(text)` within the limits above; `error(field, ...)` names the one hit.
+
+    Syntax errors still raise yaml.YAMLError, for the caller to word.
+    """
+    # A str holds at most 4 bytes per character: encode only text that might fit.
+    size = len(text) if len(text) > MAX_TEXT_BYTES else len(text.encode("utf-8"))
+    if size > MAX_TEXT_BYTES:
+        raise error(
+            field, f"{where} {_too_big(size, MAX_TEXT_BYTES)}", _SMALLER.format(where=where)
+        )
+    loader = _BoundedLoader(text)
+    try:
+        return loader.get_single_data()
+    except _LimitHit as exc:
+        problem, fix = exc.args
+        raise error(field, f"{where} {problem}", fix.format(where=where)) from None
+    except RecursionError:  # a safety net: the depth cap stops nesting long before this
+        raise error(field, f"{where} nests too deeply to parse", "write it flatter") from None
+    finally:
+        loader.dispose()
+
+
+def read_text(
+    path: Path, where: str, field: str, error: type[CompressflowError] = InputError
+) -> str:
+    """A user's text file, refused by its size before any of it is read."""
+    size = path.stat().st_size
+    if size > MAX_TEXT_BYTES:
+        raise error(
+            field, f"{where} {_too_big(size, MAX_TEXT_BYTES)}", _SMALLER.format(where=where)
+        )
+    return path.read_text(encoding="utf-8")
+
+
+def read_json(path: Path, field: str, error: type[CompressflowError] = InputError) -> Any:
+    """A JSON file from a user's model (config.json, a shard index), capped before it is read."""
+    size = path.stat().st_size
+    if size > MAX_JSON_BYTES:
+        raise error(
+            field,
+            f"{path} {_too_big(size, MAX_JSON_BYTES)} for a JSON file compressflow reads",
+            f"check {path.name}: a real one is a few MB at most; replace it with the original",
+        )
+    try:
+        return json.loads(path.read_bytes())
+    except RecursionError:
+        raise error(
+            field,
+            f"{path} nests too deeply to parse",
+            f"check {path.name}: replace it with the original",
+        ) from None
+
+
+def check_data(
+    value: Any, field: str, error: type[CompressflowError] = InputError
+) -> tuple[int, int]:
+    """Refuse parameter data (lists, dicts) that would expand past the limits when walked;
+    returns its (values, characters of text), counted as expanded.
+
+    Python callers can build the same shared-reference bombs (and cycles) YAML aliases make.
+    """
+    sizes: dict[int, tuple[int, int]] = {}
+    open_: set[int] = set()
+
+    def within(nodes: int, chars: int) -> tuple[int, int]:
+        shared = "once shared lists and dicts are counted each time they appear"
+        if nodes > MAX_NODES:
+            raise error(
+                field,
+                f"expands to more than the limit of {MAX_NODES:,} values {shared}",
+                "pass smaller values",
+            )
+        if chars > MAX_TEXT_BYTES:
+            raise error(
+                field,
+                f"holds more than the limit of {MAX_TEXT_BYTES:,} characters of text {shared}",
+                "pass smaller values",
+            )
+        return nodes, chars
+
+    def size_of(node: Any, depth: int) -> tuple[int, int]:
+        if isinstance(node, (str, bytes)):
+            return 1, len(node)
+        if not isinstance(node, (dict, list, tuple)):
+            return 1, 0
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_:
+            raise error(field, "holds itself (a cycle), so it never ends", "pass plain values")
+        if depth > MAX_DEPTH:
+            raise error(
+                field, f"nests deeper than the limit of {MAX_DEPTH} levels", "pass flatter values"
+            )
+        open_.add(key)
+        nodes, chars = 1, 0
+        for child in [*node.keys(), *node.values()] if isinstance(node, dict) else node:
+            child_nodes, child_chars = size_of(child, depth + 1)
+            nodes, chars = within(nodes + child_nodes, chars + child_chars)
+        open_.discard(key)
+        sizes[key] = nodes, chars
+        return nodes, chars
+
+    return within(*size_of(value, 0))

@@ -1,0 +1,131 @@
+"""Hostile input is refused at once with an error naming the field, not after minutes of work."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+from pydantic import ValidationError
+
+from compressflow.errors import InputError, ModelFetchError, RecipeError
+from compressflow.recipes.load import load_recipe
+
+
+def billion_laughs(levels: int = 9) -> str:
+    """`a: &a [x, ...]`, `b: &b [*a, ...]`, ...: 2 kB of text, 9**levels values when expanded."""
+    names = [chr(ord("a") + i) for i in range(levels)]
+    lines = [f"{names[0]}: &{names[0]} [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"{n}: &{n} [{', '.join([f'*{p}'] * 9)}]" for p, n in itertools.pairwise(names)]
+    return "\n".join(lines) + "\n"
+
+
+def nested_python_lists(levels: int = 9) -> list:
+    value: list = ["x"] * 9
+    for _ in range(levels - 1):
+        value = [value] * 9  # one list referenced 9 times, as a YAML alias is
+    return value
+
+
+def refused_quickly(call, error=RecipeError) -> Exception:
+    start = time.perf_counter()
+    with pytest.raises(error) as raised:
+        call()
+    assert time.perf_counter() - start < 1.0
+    return raised.value
+
+
+def test_a_billion_laughs_recipe_is_refused_in_under_a_second():
+    text = billion_laughs()
+    assert len(text) < 2048
+    error = refused_quickly(lambda: load_recipe(text))
+    assert error.field == "recipe.recipe"
+    assert "100,000 values" in error.problem and "aliases" in error.problem
+    assert "without nested aliases" in error.fix
+
+
+def test_ten_thousand_nested_lists_are_a_recipe_error_not_a_recursion_error():
+    error = refused_quickly(lambda: load_recipe("[" * 10_000 + "]" * 10_000))
+    assert error.field == "recipe.recipe"
+    assert "deeper than the limit of 64 levels" in error.problem
+
+
+def test_an_alias_inside_its_own_value_is_refused():
+    error = refused_quickly(lambda: load_recipe("quant_stage: &a {quant_modifiers: [*a]}"))
+    assert "never ends" in error.problem
+
+
+def test_recipe_text_and_files_over_1_mib_are_refused_before_parsing(tmp_path):
+    big = "quant_stage: {}\n# " + "x" * (1 << 20) + "\n"
+    error = refused_quickly(lambda: load_recipe(big))
+    assert error.field == "recipe.recipe" and "limit of 1,048,576 bytes" in error.problem
+
+    path = tmp_path / "big.yaml"
+    path.write_text(big)
+    error = refused_quickly(lambda: load_recipe(str(path)))
+    assert str(path) in error.problem and "limit of 1,048,576 bytes" in error.problem
+
+
+def args_error(call) -> RecipeError:
+    """The RecipeError inside pydantic's ValidationError; not str(): that writes out the input."""
+    raised = refused_quickly(call, ValidationError)
+    return raised.errors(include_input=False)[0]["ctx"]["error"]
+
+
+def test_recipe_args_sharing_one_list_many_times_are_refused():
+    from compressflow.params import RecipeArgs, SearchSpace
+
+    error = args_error(lambda: RecipeArgs(recipe_args={"ignore": nested_python_lists()}))
+    assert error.field == "recipe.recipe_args" and "100,000 values" in error.problem
+
+    cycle: list = []
+    cycle.append(cycle)
+    error = args_error(lambda: RecipeArgs(recipe_args={"ignore": cycle}))
+    assert error.field == "recipe.recipe_args" and "cycle" in error.problem
+
+    error = args_error(lambda: SearchSpace(recipe_args={"ignore": [nested_python_lists()]}))
+    assert error.field == "space.recipe_args"
+
+    # 100 references to one 1 MB string: few values, but 100 MB once written out.
+    error = args_error(lambda: RecipeArgs(recipe_args={"names": ["x" * 1_000_000] * 100}))
+    assert "1,048,576 characters of text" in error.problem
+
+
+def test_a_cli_parameter_file_of_nested_aliases_is_refused(tmp_path):
+    from compressflow.flows.cli import read_yaml
+
+    path = tmp_path / "params.yaml"
+    path.write_text(billion_laughs())
+    error = refused_quickly(lambda: read_yaml(path, "--params"), InputError)
+    assert error.field == "--params" and "100,000 values" in error.problem
+
+
+def test_an_oversized_or_too_deep_config_json_is_refused_naming_the_file(tmp_path):
+    from compressflow.params import ModelArgs
+    from compressflow.tasks.fetch_model import check_config
+
+    args = ModelArgs(model_id=str(tmp_path))
+    config = tmp_path / "config.json"
+    with config.open("wb") as handle:
+        handle.truncate(17 << 20)  # sparse: 17 MiB on paper, nothing written
+    with pytest.raises(ModelFetchError) as raised:
+        check_config(tmp_path, args)
+    assert str(config) in raised.value.problem
+    assert "limit of 16,777,216 bytes" in raised.value.problem
+
+    config.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ModelFetchError, match="nests too deeply") as raised:
+        check_config(tmp_path, args)  # not a RecursionError
+    assert str(config) in raised.value.problem
+
+
+def test_one_large_value_inserted_at_many_places_is_refused_before_filling():
+    from compressflow.recipes.placeholders import substitute
+
+    recipe = load_recipe("quant_stage: {targets: [" + ", ".join(["$ignore"] * 2_000) + "]}")[0]
+    error = refused_quickly(lambda: substitute(recipe, {"ignore": list(range(1_000))}))
+    assert error.field == "recipe.recipe_args" and "2,002,003 values" in error.problem
+
+    recipe = load_recipe("quant_stage: {name: '" + "-${tag}" * 2_000 + "'}")[0]
+    error = refused_quickly(lambda: substitute(recipe, {"tag": "x" * 1_000}))
+    assert "about 2,002,000 characters of inserted text" in error.problem
