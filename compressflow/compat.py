@@ -158,6 +158,46 @@ def causal_lm_classes() -> dict:
     return transformers.AutoModelForCausalLM._model_mapping
 
 
+def ignored_on_load(model) -> set[str]:
+    """The regexes of checkpoint names `model`'s class lets be absent or unused on load.
+
+    Missing upstream: `_keys_to_ignore_on_load_unexpected` / `_missing` are the only listing
+    (post_init merges the submodels' into the top model's).
+    """
+    unexpected = model._keys_to_ignore_on_load_unexpected or set()
+    missing = model._keys_to_ignore_on_load_missing or set()
+    return set(unexpected) | set(missing)
+
+
+def loaded_names(model, names) -> dict[str, str]:
+    """Checkpoint name -> the name `from_pretrained` loads it into on `model` (a meta model).
+
+    Missing upstream: the renaming `from_pretrained` applies (the model's weight conversions,
+    then the base-model prefix) is only reachable through `transformers.conversion_mapping` and
+    `transformers.core_model_loading`, neither public.
+    """
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import (
+        WeightConverter,
+        WeightRenaming,
+        dot_natural_key,
+        rename_source_key,
+    )
+
+    conversions = get_model_conversion_mapping(model)
+    renamings = [c for c in conversions if isinstance(c, WeightRenaming)]
+    converters = [c for c in conversions if isinstance(c, WeightConverter)]
+    state = model.state_dict()
+    prefix = model.base_model_prefix
+    result = {}
+    for name in sorted(names, key=dot_natural_key):  # the order loading sees (group renames)
+        renamed, _ = rename_source_key(name, renamings, converters, prefix, state)
+        if renamed not in state and name in state:  # as loading does: keep the name, fix prefix
+            renamed, _ = rename_source_key(name, [], [], prefix, state)
+        result[name] = renamed
+    return result
+
+
 def offloaded_from_accelerate(model) -> None:
     """Turn accelerate's offload hooks on `model` into compressed-tensors' offloading.
 

@@ -32,7 +32,7 @@ from compressflow.data.local_text import verification_texts
 from compressflow.data.text_sources import load_processor
 from compressflow.data.user_code import import_callable
 from compressflow.data.vision import collate_one
-from compressflow.errors import CalibrationError
+from compressflow.errors import CalibrationError, ModelFetchError
 from compressflow.logs import run_logger
 from compressflow.params import RecipeArgs, VerifyArgs
 from compressflow.registries.architectures import ARCHITECTURES
@@ -102,8 +102,47 @@ def raised_in(exc: BaseException, function) -> bool:
     return False
 
 
-def capture_reference(model, processor, verify: VerifyArgs, staging: Path) -> Path:
-    """Save the base model's logits on the verification texts, with the token ids."""
+def first_non_finite(tensors) -> str | None:
+    """The name of the first (name, tensor) holding NaN or inf, in slices (no full-size mask)."""
+    import torch
+
+    for name, tensor in tensors:
+        if tensor.is_floating_point() and not all(
+            torch.isfinite(part).all() for part in tensor.detach().reshape(-1).split(1 << 24)
+        ):
+            return name
+    return None
+
+
+def source_tensors(folder: Path):
+    """Every tensor of a safetensors checkpoint, one at a time."""
+    from safetensors import safe_open
+
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():
+                yield name, handle.get_tensor(name)
+
+
+def non_finite_source(model: FetchedModel, tensor: str | None) -> ModelFetchError:
+    where = f"in tensor {tensor}" if tensor else "in its logits on the verification texts"
+    return ModelFetchError(
+        "model.model_id",
+        f"the SOURCE model {model.model_id} has non-finite values (NaN or inf) {where}, found "
+        "before calibration; no compression of it can work",
+        "use another checkpoint or revision of the model (download it again if the file may be "
+        "damaged)",
+    )
+
+
+def capture_reference(
+    model, processor, verify: VerifyArgs, staging: Path, source: FetchedModel
+) -> Path:
+    """Save the base model's logits on the verification texts, with the token ids.
+
+    The first forward pass over the source: non-finite logits are refused here, naming the
+    tensor (found in the checkpoint), rather than blamed on the compression by verify.
+    """
     import torch
 
     tokenizer = getattr(processor, "tokenizer", processor)
@@ -111,8 +150,11 @@ def capture_reference(model, processor, verify: VerifyArgs, staging: Path) -> Pa
         ids[: verify.max_seq_len]
         for ids in tokenizer(verification_texts(verify.samples))["input_ids"]
     ]
+    logits = logits_of(model, samples)
+    if not all(torch.isfinite(rows).all() for rows in logits):
+        raise non_finite_source(source, first_non_finite(source_tensors(Path(source.path))))
     path = reference_path(staging)
-    torch.save({"input_ids": samples, "logits": logits_of(model, samples)}, path)
+    torch.save({"input_ids": samples, "logits": logits}, path)
     return path
 
 
@@ -151,7 +193,12 @@ def load_for_calibration(model: FetchedModel, plan: MemoryPlan):
     model_cls = getattr(transformers, model.model_class)
     options = dict(dtype="auto", trust_remote_code=model.trust_remote_code)
     if plan.placement not in ("disk", "shards"):
-        return model_cls.from_pretrained(model.path, **options)
+        loaded = model_cls.from_pretrained(model.path, **options)
+        # Every weight is in memory: a broken source is refused before calibration, whichever
+        # tensor it is (the reference logits miss unused embedding rows and unrouted experts).
+        if name := first_non_finite(loaded.named_parameters()):
+            raise non_finite_source(model, name)
+        return loaded
     from compressed_tensors.offload import load_offloaded_model
 
     Path(plan.offload_folder).mkdir(parents=True, exist_ok=True)
@@ -185,7 +232,7 @@ def calibrate_model_free(
     staging = Path(staging_path)
     started = time.perf_counter()
     base = load_for_calibration(model, plan)
-    reference = capture_reference(base, load_processor(model), verify, staging)
+    reference = capture_reference(base, load_processor(model), verify, staging, model)
     del base
     gc.collect()
     reference_seconds = time.perf_counter() - started
@@ -315,7 +362,7 @@ def calibrate_here(
     loaded = load_for_calibration(model, plan)
     processor = load_processor(model)
     started = time.perf_counter()
-    reference = capture_reference(loaded, processor, verify, Path(staging_path))
+    reference = capture_reference(loaded, processor, verify, Path(staging_path), model)
     reference_seconds = time.perf_counter() - started
     rule = ARCHITECTURES.get(recipe.architecture)
     if rule and rule.linear_classes:
@@ -372,9 +419,10 @@ def calibrate_here(
                 "dataset.data_collator empty; the full traceback is in this run's log",
             ) from exc
         raise CalibrationError(
-            "recipe.recipe",
+            recipe.given_in(),
             f"llm-compressor failed while calibrating {model.model_id}: {cause}",
-            "if the message names a layer, add it to the recipe's ignore list; run "
+            "if the message names a layer, add it to the recipe's ignore list (a preset's: "
+            "recipe_args `ignore`); run "
             "`compressflow validate` on these parameters; the full traceback is in this run's log",
         ) from exc
     finally:

@@ -5,8 +5,9 @@ snapshot at a revision; identity: the resolved commit sha; honours the local cac
 HF_HUB_OFFLINE) and the ClearML model registry (identity: the ClearML model id and content hash).
 The hub token comes from a Prefect Secret block or HF_TOKEN, never from a flow parameter.
 
-Cheap checks that would otherwise fail after minutes of loading run here, on config.json alone:
-a model that needs `trust_remote_code`, or one that is already quantized.
+Cheap checks that would otherwise fail after minutes of loading run here, before weights load:
+a config.json that is missing or not a JSON object, a model that needs `trust_remote_code` or is
+already quantized, a folder without a tokenizer, truncated safetensors.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from prefect import task
 
 from compressflow import compat
 from compressflow.errors import HubUnavailableError, ModelFetchError
+from compressflow.limits import read_json
 from compressflow.logs import run_logger
 from compressflow.model.checkpoint import tensor_index
 from compressflow.params import DEFAULT_MODEL_CLASS, ModelArgs
@@ -49,13 +51,33 @@ def content_hash(path: Path) -> str:
 def check_config(path: Path, args: ModelArgs) -> None:
     """Refuse, from config.json alone, models that would fail only after their weights load."""
     config_file = path / "config.json"
-    if not config_file.exists():
+    if not config_file.is_file():
         raise ModelFetchError(
             "model.model_id",
             f"{path} has no config.json, so it is not a transformers model folder",
             "point model_id at the folder that holds config.json and the weights",
         )
-    config = json.loads(config_file.read_text())
+    # The first read of a user's config.json: capped, so later reads of it need not be.
+    try:
+        config = read_json(config_file, "model.model_id", ModelFetchError)
+    except json.JSONDecodeError as exc:  # transformers would fail later with no file or field
+        raise ModelFetchError(
+            "model.model_id",
+            f"{config_file} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}",
+            "fix config.json at that position, or download the model again",
+        ) from None
+    except UnicodeDecodeError:
+        raise ModelFetchError(
+            "model.model_id",
+            f"{config_file} is not UTF-8 text",
+            "replace config.json with the model's original",
+        ) from None
+    if not isinstance(config, dict):
+        raise ModelFetchError(
+            "model.model_id",
+            f"{config_file} holds a JSON {type(config).__name__}, not an object of settings",
+            "replace config.json with the model's original",
+        )
     if config.get("auto_map") and not args.trust_remote_code:
         raise ModelFetchError(
             "model.trust_remote_code",
@@ -71,6 +93,25 @@ def check_config(path: Path, args: ModelArgs) -> None:
             f"{args.model_id} is already quantized ({method}); compressing it again would stack "
             "errors or fail to load",
             "start from the unquantized base model",
+        )
+
+
+# Files a tokenizer loads from (a processor holds its tokenizer's too): one must be there.
+TOKENIZER_FILES = ("tokenizer*", "vocab.*", "merges.txt", "*.model", "*.tiktoken")
+
+
+def check_tokenizer(path: Path) -> None:
+    """Refuse a folder without a tokenizer: every run needs one, data-free recipes included
+    (verification compares logits on tokenized text), and without it calibration fails only
+    after the weights load."""
+    if not any(next(path.glob(pattern), None) for pattern in TOKENIZER_FILES):
+        raise ModelFetchError(
+            "model.model_id",
+            f"{path} holds no tokenizer (no tokenizer.json, tokenizer_config.json, "
+            "tokenizer.model, vocab.* or *.tiktoken); calibration data and verification are "
+            "tokenized with the model's own",
+            "add the tokenizer files of the model it was trained from (its hub repository has "
+            "them) to the folder; compressflow takes no separate tokenizer",
         )
 
 
@@ -270,6 +311,7 @@ def fetch(args: ModelArgs, weights: bool = True) -> FetchedModel:
         source = "hub"
         path, revision_resolved = fetch_from_hub(args, weights)
     check_config(path, args)
+    check_tokenizer(path)
     check_weight_files(path)
     if source == "hub":
         identity = f"hub:{args.model_id}@{revision_resolved}"
@@ -303,10 +345,8 @@ def check_weight_files(path: Path) -> None:
     )
     index = path / "model.safetensors.index.json"
     if index.exists():
-        missing = sorted(
-            {name for name in json.loads(index.read_text())["weight_map"].values()}
-            - {file.name for file in path.glob("*.safetensors")}
-        )
+        shards = read_json(index, "model.model_id", ModelFetchError)["weight_map"].values()
+        missing = sorted(set(shards) - {file.name for file in path.glob("*.safetensors")})
         if missing:
             raise ModelFetchError(
                 "model.model_id", f"{path} lacks shards its index lists: {missing[:3]}", fix

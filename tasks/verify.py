@@ -6,7 +6,8 @@ It reloads the checkpoint from disk the way a server does and checks, cheapest f
    its format is not `dense` when the recipe quantizes (a dense save means the weights were not
    packed: same size as the original, and vLLM reads it as unquantized);
 2. tensor names: every saved tensor belongs to a module of the source checkpoint, and every
-   source tensor is still there (vLLM's loaders map checkpoints by the source's names);
+   source tensor is still there (vLLM's loaders map checkpoints by the source's names), except
+   those transformers does not load (old `rotary_emb.inv_freq` buffers, tied copies);
 3. reload: transformers loads it with no missing, unexpected or mismatched keys (a missing key is
    silently initialised at random);
 4. logits: on held-out texts its next-token logits agree with the base model's, captured before
@@ -37,7 +38,8 @@ from compressflow.compat import patch_reloads
 from compressflow.errors import VerificationError
 from compressflow.logs import run_logger
 from compressflow.model.checkpoint import tensor_index
-from compressflow.params import VerifyArgs
+from compressflow.model.tracing import unloaded_tensors
+from compressflow.params import DEFAULT_MODEL_CLASS, VerifyArgs
 from compressflow.reporting import tracking
 from compressflow.reporting.artifacts import artifact_key, display_name, logit_figures
 from compressflow.reporting.quality import compare_logits, logits_of
@@ -50,11 +52,12 @@ from compressflow.results import (
     VerificationCheck,
 )
 
-# Which parameter each failed check points at, and what to do about it.
+# Which parameter each failed check points at, and what to do about it. "recipe" stands for the
+# one the user gave the recipe in (recipe.preset or recipe.recipe).
 FIELDS = {
-    "quantization config": "recipe.recipe",
+    "quantization config": "recipe",
     "tensor names": "model.model_id",
-    "reload": "recipe.recipe",
+    "reload": "recipe",
     "logits": "verify",
     "weights": "calibration.path",
 }
@@ -68,7 +71,8 @@ FIXES = {
     "tensor names": "the saved names must match the source checkpoint's for vLLM to load it; "
     "report the architecture (compressflow/registries/architectures.py holds per-family rules)",
     "reload": "the checkpoint does not reload cleanly; check the listed keys, and add their "
-    "modules to the recipe's ignore list if they should stay unquantized",
+    "modules to the recipe's ignore list (a preset's: recipe_args `ignore`) if they should stay "
+    "unquantized",
     "logits": "the compressed model's outputs moved too far from the base model's: leave the "
     "layers with the largest error unquantized (recipe ignore; the manifest lists errors per "
     "module), use more calibration samples or a scheme with more bits, or, if the loss is "
@@ -112,13 +116,24 @@ def owner(name: str) -> str:
     return name.rsplit(".", 1)[0]
 
 
-def check_names(staging: Path, source: Path) -> VerificationCheck:
-    """Saved tensors map onto source modules, and no source tensor went missing."""
+def check_names(
+    staging: Path,
+    source: Path,
+    model_class: str = DEFAULT_MODEL_CLASS,
+    trust_remote_code: bool = False,
+) -> VerificationCheck:
+    """Saved tensors map onto source modules, and no source tensor went missing.
+
+    Source tensors transformers never loads as weights of their own (old `rotary_emb.inv_freq`
+    buffers, tied `lm_head.weight` copies, names the class ignores) cannot be saved again: they
+    are not held against the output.
+    """
     saved, original = safetensors_names(staging), safetensors_names(source)
     if saved is None or original is None:
         return VerificationCheck(
             name="tensor names", passed=True, detail="skipped: not a safetensors checkpoint"
         )
+    unloaded = unloaded_tensors(source, model_class, trust_remote_code)
     source_modules = {owner(name) for name in original}
     saved_modules = {owner(name) for name in saved}
     # Quantization adds tensors (weight_packed, weight_scale, input_scale...) to source modules;
@@ -131,18 +146,19 @@ def check_names(staging: Path, source: Path) -> VerificationCheck:
         and not any(module.startswith(owner(name) + ".") for module in source_modules)
     )
     dropped = sorted(
-        name for name in original if name not in saved and owner(name) not in saved_modules
+        name
+        for name in original - unloaded
+        if name not in saved and owner(name) not in saved_modules
     )
     problems = []
     if unknown:
         problems.append(f"{len(unknown)} saved name(s) not in the source, e.g. {unknown[:3]}")
     if dropped:
         problems.append(f"{len(dropped)} source tensor(s) missing, e.g. {dropped[:3]}")
-    return VerificationCheck(
-        name="tensor names",
-        passed=not problems,
-        detail="; ".join(problems) or f"{len(saved)} tensors, all on source modules",
-    )
+    detail = "; ".join(problems) or f"{len(saved)} tensors, all on source modules"
+    if unloaded:
+        detail += f"; {len(unloaded)} source tensor(s) transformers does not load, not expected"
+    return VerificationCheck(name="tensor names", passed=not problems, detail=detail)
 
 
 def reload(staging: Path, model: FetchedModel, plan: MemoryPlan):
@@ -279,7 +295,10 @@ def verify(
     """Reload the staged checkpoint and prove it; raise VerificationError when it fails."""
     started = time.perf_counter()
     staging = Path(calibration.staging_path)
-    checks = [check_quantization_config(staging, recipe), check_names(staging, Path(model.path))]
+    checks = [
+        check_quantization_config(staging, recipe),
+        check_names(staging, Path(model.path), model.model_class, model.trust_remote_code),
+    ]
     if plan.path == "model_free":
         checks.append(check_weights(staging, Path(model.path)))
     figures: dict[str, float] = {}
@@ -308,8 +327,9 @@ def verify(
     )
     if not result.passed:
         first = result.failed()[0]
+        field = FIELDS[first.name]
         raise VerificationError(
-            FIELDS[first.name],
+            recipe.given_in() if field == "recipe" else field,
             "the compressed model failed verification and was not published: "
             + "; ".join(f"{check.name}: {check.detail}" for check in result.failed()),
             FIXES[first.name],
