@@ -122,6 +122,10 @@ class RenderedRecipe(BaseModel):
         description="Values the $placeholders took, preset defaults included.",
     )
 
+    def given_in(self) -> str:
+        """The parameter the user chose the recipe with: what an error about it names."""
+        return "recipe.preset" if self.source.startswith("preset:") else "recipe.recipe"
+
     def log_to(self, tracker) -> None:
         tracker.configuration("recipe", self.yaml, description=f"Rendered from {self.source}")
         tracker.params("recipe_args", self.args)

@@ -31,6 +31,12 @@ class Settings(BaseSettings):
         description="Comma-separated module prefixes user loaders and collators may come from.",
     )
     tracking: bool = Field(default=True, description="0 turns ClearML tracking off everywhere.")
+    max_data_mb: int = Field(
+        default=1024,
+        gt=0,
+        description="Most MiB of local calibration data (a file, or a folder's data files "
+        "together) read before refusing: calibration draws hundreds of samples, not a corpus.",
+    )
 
     def allowed_import_prefixes(self) -> list[str]:
         return [p.strip() for p in self.allowed_imports.split(",") if p.strip()]

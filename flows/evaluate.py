@@ -127,7 +127,6 @@ def evaluate(
         compressed_by: Id of the compress-model flow run that published `compressed` (the
             trigger fills it); the two runs then link to each other.
     """
-    log = run_logger(__name__)
     check_lm_eval(lm_eval.tasks)
     compressed_path = resolve_compressed(compressed)
     manifest = read_manifest(compressed_path)
@@ -201,14 +200,21 @@ def evaluate(
             description=f"{Path(report.compressed_path).name} against {base.model_id}: {verdict}",
         )
     report.tracking = tracker.status()
-    if found:
-        message = f"{compressed_path} lost too much quality: {'; '.join(found)}"
-        if gate.on_threshold == "fail":
-            raise QualityThresholdExceeded(
-                "gate",
-                message,
-                "use a gentler recipe (more calibration samples, a wider scheme) or, if the loss is "
-                "acceptable, raise the limits or set quality_gate.on_threshold to flag",
-            )
-        log.warning("Flagged: %s", message)
+    apply_gate(found, compressed_path, gate)
     return report
+
+
+def apply_gate(found: list[str], compressed_path: Path, gate: QualityGate) -> None:
+    """Fail the run on a breach (gate.on_threshold 'fail'), or only warn ('flag')."""
+    if not found:
+        return
+    message = f"{compressed_path} lost too much quality: {'; '.join(found)}"
+    if gate.on_threshold == "fail":
+        raise QualityThresholdExceeded(
+            "gate",
+            message,
+            "use a gentler recipe (more calibration samples, a wider scheme) or, if the loss is "
+            "acceptable, raise gate.max_perplexity_increase_pct / gate.max_kl or set "
+            "gate.on_threshold to flag",
+        )
+    run_logger(__name__).warning("Flagged: %s", message)

@@ -115,12 +115,13 @@ def check_group_sizes(model: FetchedModel, recipe: RenderedRecipe) -> None:
             shown = ", ".join(f"{name} ({cols} columns)" for name, cols, _ in bad[:8])
             more = f" and {len(bad) - 8} more" if len(bad) > 8 else ""
             raise RecipeError(
-                "recipe.recipe",
+                recipe.given_in(),
                 f"{type(modifier).__name__} quantizes {len(bad)} layer(s) in groups of {bad[0][2]} "
                 f"whose width is not a multiple of it: {shown}{more}; llm-compressor would refuse "
                 "them only after loading the weights",
-                "add those layers to the modifier's `ignore` list, use a group size that divides "
-                "them, or set bypass_divisibility_checks: true if your runtime supports it",
+                "add those layers to the modifier's `ignore` list (a preset's: recipe_args "
+                "`ignore`), use a group size that divides them, or set "
+                "bypass_divisibility_checks: true if your runtime supports it",
             )
 
 
@@ -128,7 +129,9 @@ def check_smoothquant_mappings(model: FetchedModel, recipe: RenderedRecipe) -> N
     """Refuse now, on the meta device, SmoothQuant mappings that match nothing in this model.
 
     llm-compressor resolves them after the weights load and then fails with "Error resolving
-    mappings for given architecture", naming neither the layer nor the fix.
+    mappings for given architecture", naming neither the layer nor the fix. Mappings whose
+    layers are all in the modifier's `ignore` fail nothing (llm-compressor skips them): that is
+    only warned about.
     """
     from llmcompressor.modifiers.transform.smoothquant import SmoothQuantModifier
     from llmcompressor.recipe import Recipe
@@ -148,6 +151,15 @@ def check_smoothquant_mappings(model: FetchedModel, recipe: RenderedRecipe) -> N
         modifier.mappings = modifier.mappings or compat.default_smoothquant_mappings(meta)
         try:
             resolved = compat.resolve_smoothquant_mappings(modifier, meta)
+            if not resolved and modifier.ignore and _resolve_unignored(modifier, meta):
+                run_logger(__name__).warning(
+                    "SmoothQuant will smooth nothing in %s: every layer its mappings match is in "
+                    "its ignore list %s, so llm-compressor skips them all and the recipe's other "
+                    "modifiers run unsmoothed",
+                    type(meta).__name__,
+                    modifier.ignore,
+                )
+                continue
             problem = "" if resolved else "they match no layer"
         except (RuntimeError, ValueError, KeyError) as exc:
             cause = exc.__cause__ or exc
@@ -159,7 +171,7 @@ def check_smoothquant_mappings(model: FetchedModel, recipe: RenderedRecipe) -> N
                 for m in modifier.mappings
             ]
             raise RecipeError(
-                "recipe.recipe",
+                recipe.given_in(),
                 f"SmoothQuant cannot smooth {type(meta).__name__} with {which} mappings "
                 f"{shown}: {problem}; it would fail after the weights load",
                 "give SmoothQuantModifier `mappings` that fit this model ([[balance layers...], "
@@ -167,6 +179,11 @@ def check_smoothquant_mappings(model: FetchedModel, recipe: RenderedRecipe) -> N
                 "'re:.*input_layernorm$']]), or drop SmoothQuantModifier (GPTQ alone still "
                 "quantizes weights and activations to int8)",
             )
+
+
+def _resolve_unignored(modifier, meta) -> list:
+    """What the mappings resolve to with the ignore list left out."""
+    return compat.resolve_smoothquant_mappings(modifier.model_copy(update={"ignore": []}), meta)
 
 
 def trace_config(

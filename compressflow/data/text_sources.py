@@ -10,7 +10,9 @@ Sources, tried in this order:
 2. a shortcut from `compressflow.registries.datasets` (e.g. `python_docs`, `gsm8k`);
 3. a local file or folder: `.txt` (one sample per paragraph, i.e. blocks separated by blank
    lines, so samples are coherent text rather than single lines), `.jsonl`/`.json`, `.parquet`,
-   `.csv`, or a folder of such files;
+   `.csv`, `.arrow` (as `save_to_disk` writes), or a folder of such files. At most
+   `COMPRESSFLOW_MAX_DATA_MB` (1 GiB by default) is read, and a file no reader can read is
+   refused with the reader's own complaint;
 4. anything else is a hub dataset id for `datasets.load_dataset`, which honours HF_HUB_OFFLINE
    and the local cache under HF_HOME.
 """
@@ -31,12 +33,40 @@ from compressflow.logs import run_logger
 from compressflow.params import DatasetArgs
 from compressflow.registries.datasets import ALIASES, SHAREGPT_ROLES, SHORTCUTS, lookup
 from compressflow.results import FetchedModel
+from compressflow.settings import settings
 
 # Suffixes read as local files, and the `datasets` builder for each (.txt is read here).
-FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+FILE_BUILDERS = {
+    ".jsonl": "json",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".csv": "csv",
+    ".arrow": "arrow",
+}
 
 
 FILE_SUFFIXES = {*FILE_BUILDERS, ".txt"}
+
+# What to do about a file its reader refuses, by suffix.
+UNREADABLE_FIXES = {
+    ".parquet": "re-export it as Parquet (e.g. pandas DataFrame.to_parquet); a partial copy, or "
+    "a file of another format named .parquet, reads like this",
+    ".arrow": "name an Arrow stream file such as datasets' save_to_disk writes (data-*.arrow), "
+    "or re-export it",
+    ".csv": "fix the CSV (a header row, the same number of fields on every line, every quote "
+    "closed, UTF-8 text), or convert it to .jsonl",
+    ".json": 'fix the JSON where the message points (a list of {"text": ...} objects), or '
+    "convert it to .jsonl",
+    ".jsonl": 'fix the line the message points at: one JSON object per line, e.g. {"text": "..."}',
+    ".txt": "convert it to UTF-8 text, or name the right file",
+}
+FOLDER_FIX = (
+    "find the unreadable file among the folder's data files (one bad file fails the folder), "
+    "then re-export or remove it"
+)
+# A token is rarely over a few characters: text beyond this many per token of max_seq_len is
+# truncated away anyway, and a tokenizer given a giant line first would take minutes and GiBs.
+MAX_CHARS_PER_TOKEN = 64
 
 
 def load_tokenizer(model: FetchedModel):
@@ -140,24 +170,117 @@ def check_text_file(path: Path) -> None:
 
 
 def load_local(path: Path, split: str):
-    """A local file or folder of data files as a Dataset."""
+    """A local file or folder of data files as a Dataset; every reader failure a DatasetError."""
     import datasets
 
-    if path.is_file():
-        check_text_file(path)
-    if path.suffix.lower() == ".txt":
-        paragraphs = [p.strip() for p in re.split(r"\n\s*\n", path.read_text(encoding="utf-8"))]
-        return datasets.Dataset.from_dict({"text": [p for p in paragraphs if p]})
-    if path.is_dir():
-        return datasets.load_dataset(str(path), split=split)
-    builder = FILE_BUILDERS.get(path.suffix.lower())
-    if builder is None:
+    suffix = path.suffix.lower()
+    builder = FILE_BUILDERS.get(suffix)
+    if path.is_file() and builder is None and suffix != ".txt":
         raise DatasetError(
             "dataset.dataset_name",
             f"'{path}' has the suffix '{path.suffix}', which compressflow cannot read",
             f"convert it to one of {', '.join(sorted(FILE_SUFFIXES))}",
         )
-    return datasets.load_dataset(builder, data_files=str(path), split=split)
+    check_size(path)
+    if path.is_file():
+        check_text_file(path)
+    fix = FOLDER_FIX if path.is_dir() else UNREADABLE_FIXES[suffix]
+    try:
+        if path.is_dir():
+            dataset = datasets.load_dataset(str(path), split=split)
+        elif suffix == ".txt":
+            text = path.read_text(encoding="utf-8")
+            paragraphs = [p.strip() for p in re.split(r"\n\s*\n", text)]
+            dataset = datasets.Dataset.from_dict({"text": [p for p in paragraphs if p]})
+        else:
+            dataset = datasets.load_dataset(builder, data_files=str(path), split=split)
+    except read_errors() as exc:
+        raise DatasetError(
+            "dataset.dataset_name", f"'{path}' cannot be read: {reader_said(exc)}", fix
+        ) from exc
+    except ValueError as exc:  # datasets' own: a split the files lack, a split with no rows...
+        said = reader_said(exc)
+        if "unknown split" in said.lower():
+            raise DatasetError(
+                "dataset.split",
+                f"'{path}' has no split {split!r}: {said}",
+                "set split to one the message lists, or leave it empty (a file's rows are 'train')",
+            ) from exc
+        if "corresponds to no data" not in said:
+            raise DatasetError(
+                "dataset.dataset_name", f"'{path}' cannot be read: {said}", fix
+            ) from exc
+        dataset = []  # e.g. a CSV with only its header row
+    if len(dataset) == 0:
+        raise DatasetError(
+            "dataset.dataset_name",
+            f"'{path}' holds no rows",
+            "point it at a file with calibration text (one sample per paragraph or JSON line)",
+        )
+    return dataset
+
+
+def read_errors() -> tuple[type[Exception], ...]:
+    """What the readers raise for a file they cannot read (datasets wraps most in its own)."""
+    import pyarrow
+    from datasets.data_files import EmptyDatasetError
+    from datasets.exceptions import DatasetsError
+    from pandas.errors import ParserError
+
+    return (
+        DatasetsError,
+        EmptyDatasetError,  # a folder of files no reader knows
+        pyarrow.ArrowException,
+        json.JSONDecodeError,
+        UnicodeDecodeError,
+        ParserError,
+    )
+
+
+def reader_said(exc: BaseException) -> str:
+    """The reader's own complaint on one line, from under datasets' generic wrapper."""
+    from datasets.exceptions import DatasetsError
+
+    while isinstance(exc, DatasetsError) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:300] if lines else 'no detail'}"
+
+
+def data_files(path: Path) -> list[Path]:
+    """The file itself, or a folder's files but hidden ones (which `datasets` skips too)."""
+    if path.is_file():
+        return [path]
+    return sorted(
+        f
+        for f in path.rglob("*")
+        if f.is_file() and not any(part.startswith(".") for part in f.relative_to(path).parts)
+    )
+
+
+def check_size(path: Path) -> None:
+    """Refuse an empty folder, or more data than the cap, before a byte is read.
+
+    Readers hold a .txt file whole and `datasets` converts every file to Arrow first, so a
+    corpus-sized file would exhaust memory or disk long before a few hundred samples are drawn.
+    """
+    files = data_files(path)
+    if not files:
+        raise DatasetError(
+            "dataset.dataset_name",
+            f"the folder '{path}' holds no files",
+            f"put calibration files in it ({', '.join(sorted(FILE_SUFFIXES))}), or name a file",
+        )
+    cap_mb = settings().max_data_mb
+    size = sum(f.stat().st_size for f in files)
+    if size > cap_mb * 2**20:
+        raise DatasetError(
+            "dataset.dataset_name",
+            f"'{path}' holds {size / 2**20:,.0f} MiB of data, over the {cap_mb:,} MiB cap on "
+            "local calibration data (COMPRESSFLOW_MAX_DATA_MB)",
+            "use fewer or smaller files: calibration draws hundreds of samples, so a slice of "
+            "the corpus does; or raise COMPRESSFLOW_MAX_DATA_MB on a worker with the memory",
+        )
 
 
 def load_hub(
@@ -304,6 +427,12 @@ def sample_texts(dataset, format_row: Callable, n: int, seed: int, source: str) 
             texts.append(text)
             if len(texts) == n:
                 return texts
+    if not texts:  # the column is there but blank: no text_samples value would help
+        raise DatasetError(
+            "dataset.text_column",
+            f"every row of {source} is empty in the column read as text",
+            "set text_column to the column holding the text or chat messages",
+        )
     raise DatasetError(
         "dataset.text_samples",
         f"text_samples={n} but {source} holds only {len(texts)} non-empty rows of {len(dataset)}",
@@ -315,9 +444,11 @@ def tokenize(texts: list[str], tokenizer, max_seq_len: int, add_special_tokens: 
     """input_ids and attention_mask per text: truncated to max_seq_len, unpadded, batched."""
     import datasets
 
+    longest = max_seq_len * MAX_CHARS_PER_TOKEN
+
     def encode(batch):
         return tokenizer(
-            batch["text"],
+            [text[:longest] for text in batch["text"]],
             max_length=max_seq_len,
             truncation=True,
             add_special_tokens=add_special_tokens,

@@ -44,17 +44,12 @@ def _why_none() -> str:
     )
 
 
-def _given_in(recipe: RenderedRecipe) -> str:
-    """The parameter the user chose the recipe with: what an error names."""
-    return "recipe.preset" if recipe.source.startswith("preset:") else "recipe.recipe"
-
-
 def refuse_unsupported(recipe: RenderedRecipe) -> None:
     """Raise RecipeError if this worker cannot run the recipe's modifiers; before any weights load."""
     needing = [name for name in recipe.modifiers if name in NEEDS_ACCELERATOR]
     if not needing or accelerator() is not None:
         return
-    field = _given_in(recipe)
+    field = recipe.given_in()
     scheme = recipe.scheme or "as given"
     if recipe.scheme in ("W4A16", "W4A16_ASYM"):  # the W4A16_AWQ preset's is asymmetric
         on_cpu = "use preset W4A16 (GPTQ, int4 weights in groups of 128), which runs on CPU"
@@ -79,7 +74,7 @@ def refuse_fp4_on_float32(recipe: RenderedRecipe, model: FetchedModel) -> None:
     if dtype != "float32":
         return
     raise RecipeError(
-        _given_in(recipe),
+        recipe.given_in(),
         f"{recipe.scheme} needs a bf16 or fp16 model, and {model.model_id} is float32 "
         "(compressed-tensors unpacks FP4 weights as bf16, so the result would not reload)",
         "save the model in bf16 first (model.to(torch.bfloat16).save_pretrained(...); real "
