@@ -1,17 +1,20 @@
 """Adapt recipe: tailors the rendered recipe to the model's architecture, before any weights load.
 
 Presets are written for dense Llama-like models. For the families in
-`compressflow.registries.architectures` this stage adds what they need (routers, shared-expert
-gates and vision towers left unquantized, SmoothQuant mappings that fit the family, or no
-SmoothQuant where none fits) and notes every change, so the manifest and the log say why the
-recipe that ran differs from the one asked for. Mappings or ignore entries the user wrote
-always win.
+`compressflow.registries.architectures` this stage adds what they need (routers and shared-expert
+gates left unquantized, SmoothQuant mappings that fit the family, or no SmoothQuant where none
+fits). For any vision-language model, whatever its family, the quantization modifiers leave out
+every module outside the language model (vision tower, projector), found on the meta model. Every
+change is noted, so the manifest and the log say why the recipe that ran differs from the one
+asked for. Mappings or ignore entries the user wrote always win.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from compressflow.logs import run_logger
+from compressflow.model.tracing import meta_model, outside_text_model
 from compressflow.recipes.tree import dump_recipe, iter_modifiers
 from compressflow.registries.architectures import ARCHITECTURES, Architecture
 from compressflow.reporting import tracking
@@ -34,6 +38,30 @@ def quantizes(kwargs: dict[str, Any]) -> bool:
     return "scheme" in kwargs or "config_groups" in kwargs
 
 
+def vision_modules(model: FetchedModel, config: dict[str, Any]) -> list[str]:
+    """Modules outside the language model (compressflow.model.tracing.outside_text_model); the
+    meta model is built only for configs with a sub-config besides the text one."""
+    if not any(key.endswith("_config") and key != "text_config" for key in config):
+        return []
+    from transformers import AutoConfig
+
+    loaded = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    return outside_text_model(meta_model(loaded, model.model_class, model.trust_remote_code))
+
+
+def subtree(path: str) -> str:
+    """An ignore pattern for the module at `path` and everything under it, under transformers 5's
+    name (`model.vision_tower...`) and 4's (`vision_tower...`) alike."""
+    return rf"re:(.*\.)?{re.escape(path.rsplit('.', 1)[-1])}($|\.)"
+
+
+def aims_at(kwargs: dict[str, Any], modules: Sequence[str]) -> bool:
+    """Whether a modifier's own targets name one of `modules`: then the user asked for it."""
+    groups = (kwargs.get("config_groups") or {}).values()
+    targets = str([kwargs.get("targets"), *(group.get("targets") for group in groups)])
+    return any(path.rsplit(".", 1)[-1] in targets for path in modules)
+
+
 def smoothquant_mappings(rule: Architecture, config: dict[str, Any]):
     """The rule's mappings for this config's layer layout."""
     for conditions, mappings in rule.smoothquant_when:
@@ -43,9 +71,13 @@ def smoothquant_mappings(rule: Architecture, config: dict[str, Any]):
 
 
 def apply(
-    recipe: dict[str, Any], family: str, rule: Architecture, config: dict[str, Any]
+    recipe: dict[str, Any],
+    family: str,
+    rule: Architecture,
+    config: dict[str, Any],
+    vision: Sequence[str] = (),
 ) -> list[str]:
-    """Change `recipe` in place as `rule` says; one note per change."""
+    """Change `recipe` in place as `rule` says, leaving `vision` unquantized; a note per change."""
     notes = []
     mappings = smoothquant_mappings(rule, config)
     for where, name, kwargs in list(iter_modifiers(recipe)):
@@ -60,26 +92,38 @@ def apply(
             elif mappings:
                 kwargs["mappings"] = [[list(balance), smooth] for balance, smooth in mappings]
                 notes.append(f"{family}: SmoothQuant mappings set for the family")
-        elif quantizes(kwargs) and rule.ignore:
+        elif quantizes(kwargs):
             ignore = kwargs.get("ignore") or []
+            ignore = [ignore] if isinstance(ignore, str) else ignore
             added = [pattern for pattern in rule.ignore if pattern not in ignore]
             if added:
-                kwargs["ignore"] = [*ignore, *added]
                 notes.append(f"{family}: {name} also ignores {added} ({rule.why})")
+            if vision and not aims_at(kwargs, vision):
+                # A `Linear` target matches the vision tower too, subclasses included (SigLIP's
+                # attention-pool head): a text scheme leaves all outside the language model.
+                added += [subtree(path) for path in vision if subtree(path) not in ignore]
+                notes.append(
+                    f"{family}: {name} leaves {', '.join(vision)} unquantized (outside the "
+                    "language model; name them in the modifier's targets to quantize them)"
+                )
+            if added:
+                kwargs["ignore"] = [*ignore, *added]
     return notes
 
 
 # Not cached: it takes milliseconds, and a cached result would outlive a change to the rules.
 @task(name="adapt recipe", cache_policy=NO_CACHE)
 def adapt_recipe(recipe: RenderedRecipe, model: FetchedModel) -> RenderedRecipe:
-    """The recipe with the model family's rules applied; unchanged for families without rules."""
+    """The recipe with the model family's rules applied and, for a vision-language model, its
+    vision modules left unquantized; unchanged for text families without rules."""
     config = model_config(model)
     family = config.get("model_type")
-    rule = ARCHITECTURES.get(family)
-    if rule is None:
+    vision = vision_modules(model, config)
+    if family not in ARCHITECTURES and not vision:
         return recipe.model_copy(update={"architecture": family})
+    rule = ARCHITECTURES.get(family) or Architecture(why="no family rule")
     data = yaml.safe_load(recipe.yaml)
-    notes = apply(data, family, rule, config)
+    notes = apply(data, family, rule, config, vision)
     text = dump_recipe(data)
     modifiers = [name for _, name, _ in iter_modifiers(data)]
     adapted = recipe.model_copy(

@@ -28,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from compressflow import compat
-from compressflow.errors import ResourceError
+from compressflow.errors import InputError, ResourceError
 from compressflow.model.checkpoint import tensor_index
 from compressflow.params import CalibrationArgs
 from compressflow.results import BuiltDataset, FetchedModel, MemoryPlan, RenderedRecipe, gib
@@ -45,6 +45,12 @@ AUTO_BATCH_SIZES = (16, 8, 4, 2, 1)
 # pad tokens): an automatic batch size may drop at most this share of the calibration tokens.
 MAX_TRUNCATED_SHARE = 0.02
 HESSIAN_MODIFIERS = {"GPTQModifier", "SparseGPTModifier"}
+# What takes one sample per calibration batch, and why (llm-compressor 0.14, auto-round 0.14).
+ONE_SAMPLE_MODIFIERS = {
+    "AutoRoundModifier": "AutoRoundModifier batches the samples it captures itself (its own "
+    "batch_size) and takes one per calibration batch; given more, auto-round exits the process",
+}
+ONE_SAMPLE_IMAGES = "image+text calibration runs one sample per batch (images differ in shape)"
 # model_free_ptq reads a shard, quantizes it tensor by tensor and writes it: the shard, its
 # quantized copy and one tensor's float32 working copy.
 SHARD_FACTOR = 3
@@ -227,6 +233,15 @@ def sample_lengths(dataset: BuiltDataset | None) -> list[int]:
     return [len(ids) for ids in load_from_disk(dataset.path)["input_ids"]]
 
 
+def has_images(dataset: BuiltDataset | None) -> bool:
+    """Whether the built dataset holds image+text rows (calibrate batches those one by one)."""
+    if dataset is None or not Path(dataset.path).exists():
+        return False
+    from datasets import load_from_disk
+
+    return "pixel_values" in load_from_disk(dataset.path).column_names
+
+
 def weight_bytes(model: FetchedModel, config, parameters: int) -> tuple[int, float]:
     """Bytes of the weights as loaded, and bytes per parameter.
 
@@ -254,10 +269,12 @@ def make_plan(
     cpu_available: int,
     gpu_available: int,
     lengths: list[int] | None = None,
+    images: bool = False,
 ) -> MemoryPlan:
     """The plan for this run on this worker; ResourceError when it fits nowhere.
 
-    `lengths` (tokens per sample) bound the automatic batch size by what truncation would drop.
+    `lengths` (tokens per sample) bound the automatic batch size by what truncation would drop;
+    `images` (image+text rows) and a one-sample algorithm (AutoRound) make it 1.
     """
     notes: list[str] = []
     weights, per_param = weight_bytes(model, config, shape.parameters)
@@ -350,7 +367,19 @@ def make_plan(
             return int(cpu), int(gpu)
         return int(cpu + on_device), 0
 
-    sizes = [args.batch_size] if args.batch_size else list(AUTO_BATCH_SIZES)
+    one_sample = [why for name, why in ONE_SAMPLE_MODIFIERS.items() if name in recipe.modifiers]
+    one_sample += [ONE_SAMPLE_IMAGES] if images else []
+    if one_sample and args.batch_size > 1:
+        raise InputError(
+            "calibration.batch_size",
+            f"batch_size={args.batch_size} cannot run: {'; '.join(one_sample)}",
+            "set calibration.batch_size to 0 (automatic, which picks 1 here) or 1",
+        )
+    if one_sample:
+        notes.append(f"batch 1: {'; '.join(one_sample)}")
+        sizes = [1]
+    else:
+        sizes = [args.batch_size] if args.batch_size else list(AUTO_BATCH_SIZES)
     if samples:
         sizes = [b for b in sizes if b <= samples] or [1]
     if lengths and not args.batch_size:
@@ -402,7 +431,8 @@ def make_plan(
 
 
 def offload_folder(args: CalibrationArgs, target: Path) -> str:
-    """The user's folder, or one beside the output (local to the worker, removed after)."""
+    """The user's folder, or one beside the output (local to the worker, removed after; one a
+    killed run leaves is removed by the next, which knows it by this name and its dead pid)."""
     if args.offload_folder:
         return str(Path(args.offload_folder).expanduser().resolve())
     return str(target.parent / f".{target.name}.offload-{os.getpid()}")
@@ -436,4 +466,5 @@ def plan_for(
         available_cpu_bytes(),
         available_gpu_bytes(),
         sample_lengths(dataset),
+        has_images(dataset),
     )

@@ -91,10 +91,12 @@ LANGUAGE_MODEL: tuple[Mapping, ...] = (
         _LANGUAGE + r"\.post_attention_layernorm$",
     ),
 )
+# The vision tower and projector are left unquantized for every vision-language model, found on
+# the meta model (tasks/adapt_recipe.py), not listed here.
 _VISION_WHY = (
-    "presets quantized the vision tower and projector (whose 64-wide layers W4A16's groups of "
-    "128 do not divide), and llm-compressor's default SmoothQuant mappings match the vision "
-    "encoder's layers too"
+    "the preset's plain `lm_head` misses an output head nested in the language model "
+    "(transformers 4's `language_model.lm_head`), and llm-compressor's default SmoothQuant "
+    "mappings match the vision encoder's layers too"
 )
 
 # Gemma's MLP reads pre_feedforward_layernorm; post_attention_layernorm normalizes the attention
@@ -179,25 +181,20 @@ ARCHITECTURES: dict[str, Architecture] = {
     ),
     "llava": Architecture(
         why=_VISION_WHY,
-        ignore=("re:.*lm_head$", "re:.*vision_tower.*", "re:.*multi_modal_projector.*"),
+        ignore=("re:.*lm_head$",),
         smoothquant=LANGUAGE_MODEL,
         sequential_targets=("LlamaDecoderLayer",),
     ),
     "qwen2_5_vl": Architecture(
         why=_VISION_WHY,
-        ignore=("re:.*lm_head$", "re:.*visual.*"),
+        ignore=("re:.*lm_head$",),
         smoothquant=LANGUAGE_MODEL,
         sequential_targets=("Qwen2_5_VLDecoderLayer",),
     ),
     "mllama": Architecture(
         why=_VISION_WHY + "; cross-attention layers read image states, which text calibration "
         "never feeds, so they stay unquantized",
-        ignore=(
-            "re:.*lm_head$",
-            "re:.*vision_model.*",
-            "re:.*multi_modal_projector.*",
-            "re:.*cross_attn.*",
-        ),
+        ignore=("re:.*lm_head$", "re:.*cross_attn.*"),
         no_smoothquant="Mllama interleaves cross-attention decoder layers whose norms feed only "
         "cross-attention, so one mapping cannot cover every language-model layer",
         sequential_targets=("MllamaSelfAttentionDecoderLayer", "MllamaCrossAttentionDecoderLayer"),
@@ -205,7 +202,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     "gemma3": Architecture(
         why=_VISION_WHY + "; Gemma3's MLP reads pre_feedforward_layernorm, not "
         "post_attention_layernorm",
-        ignore=("re:.*lm_head$", "re:.*vision_tower.*", "re:.*multi_modal_projector.*"),
+        ignore=("re:.*lm_head$",),
         smoothquant=(
             LANGUAGE_MODEL[0],
             (LANGUAGE_MODEL[1][0], _LANGUAGE + r"\.pre_feedforward_layernorm$"),

@@ -9,20 +9,30 @@ The child is forked from a forkserver that imported torch, transformers and llm-
 (the first run pays the ~5 s of imports; later ones start in milliseconds). It reports back over a
 pipe: log records from `compressflow` loggers (re-logged in the task, so they reach the Prefect
 run log), events the caller handles (calibration progress), and finally the result or the
-exception with its cause and traceback text. The same launcher is where a `torchrun` start for
-multi-GPU calibration would go (see the README).
+exception with its cause and traceback text. Its stderr (fd 2) comes back over a second pipe and is
+copied to the task's, keeping a short tail: libraries end the process themselves (auto-round calls
+`sys.exit(-1)`, a native crash aborts, the kernel's OOM killer sends SIGKILL), and that tail, their
+last words, goes into the CalibrationError that such an end becomes. The same launcher is where a
+`torchrun` start for multi-GPU calibration would go (see the README).
 """
 
 from __future__ import annotations
 
+import codecs
+import faulthandler
 import logging
 import multiprocessing
 import os
 import pickle
+import re
+import signal
+import sys
 import traceback
+from collections import deque
 from collections.abc import Callable
 from contextlib import contextmanager
 from multiprocessing import spawn
+from multiprocessing.connection import wait
 from typing import Any
 
 from compressflow.errors import CalibrationError
@@ -30,6 +40,9 @@ from compressflow.logs import run_logger
 
 PRELOAD = ["torch", "transformers", "llmcompressor"]
 KILL_GRACE_SECONDS = 10
+TAIL_LINES = 6  # the child's last words kept for the error
+_PROGRESS_BAR = re.compile(r"\d+%\|")  # tqdm redraws: noise, not last words
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 
 
 class _PipeHandler(logging.Handler):
@@ -51,10 +64,31 @@ def _picklable(exc: BaseException | None) -> BaseException | None:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
-def _child(target: Callable, args: tuple, environment: dict[str, str], conn) -> None:
+def _where(exc: BaseException) -> str:
+    """`package/module.py:line (function)` of the innermost frame that raised `exc`."""
+    # Not the `exit` builtin itself (<frozen _sitebuiltins>): the code that called it.
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
+    if not frames:
+        return "an unknown place"
+    frame = frames[-1]
+    return f"{frame.filename.rsplit('site-packages/', 1)[-1]}:{frame.lineno} ({frame.name})"
+
+
+def _how_it_ended(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"called sys.exit({exc.code!r}) in {_where(exc)}"
+    return f"was stopped by {type(exc).__name__} in {_where(exc)}"
+
+
+def _child(target: Callable, args: tuple, environment: dict[str, str], conn, stderr_conn) -> None:
     # The forkserver's environment is the one it started with; the task's may have changed since.
     os.environ.clear()
     os.environ.update(environment)
+    # fd 2 goes to the task, which copies it on and keeps its tail; faulthandler writes a native
+    # crash's Python stack there before the process dies of its signal.
+    os.dup2(stderr_conn.fileno(), 2)
+    stderr_conn.close()
+    faulthandler.enable()
     logger = logging.getLogger("compressflow")
     logger.addHandler(_PipeHandler(conn))
     logger.setLevel(logging.INFO)
@@ -62,10 +96,109 @@ def _child(target: Callable, args: tuple, environment: dict[str, str], conn) -> 
     try:
         result = target(*args, events=lambda kind, payload=None: conn.send((kind, payload)))
         conn.send(("result", result))
-    except BaseException as exc:  # everything goes back to the task, which decides
+    except Exception as exc:  # goes back to the task, which re-raises it
         conn.send(("error", (_picklable(exc), _picklable(exc.__cause__), traceback.format_exc())))
+    except BaseException as exc:
+        # A library's sys.exit (auto-round's) or an interrupt: re-raised in the task it would end
+        # the flow run itself (Crashed, no field, no fix). It is a failed calibration instead.
+        sys.stderr.flush()
+        conn.send(("ended", (_how_it_ended(exc), traceback.format_exc())))
     finally:
         conn.close()
+
+
+class _Tail:
+    """The last lines the child printed or logged: its last words if it dies."""
+
+    def __init__(self):
+        self.lines: deque[str] = deque(maxlen=TAIL_LINES)
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._partial = ""
+        self._frames: int | None = None  # frames kept of a faulthandler dump
+
+    def add(self, text: str) -> None:
+        *lines, self._partial = re.split(r"[\r\n]", self._partial + text)
+        for line in lines:
+            line = _COLOUR.sub("", line)  # auto-round colours its log lines
+            if not line.strip() or _PROGRESS_BAR.search(line) or line.startswith("Extension "):
+                continue
+            # faulthandler lists the innermost frame first (a traceback, last): keep its first two.
+            if line.startswith(("Current thread", "Thread 0x")):
+                self._frames = 0
+            elif not line.startswith(" "):
+                self._frames = None
+            elif self._frames is not None and line.startswith("  File "):
+                self._frames += 1
+                if self._frames > 2:
+                    continue
+            self.lines.append(line.rstrip()[:300])
+
+    def copy(self, stream) -> bool:
+        """Copy what the child wrote to fd 2 on to the task's stderr; False at its end."""
+        try:
+            data = os.read(stream.fileno(), 65536)
+        except OSError:
+            data = b""
+        text = self._decoder.decode(data, final=not data)
+        if text:
+            sys.stderr.write(text)
+            self.add(text)
+        return bool(data)
+
+    def drain(self, stream) -> None:
+        """What is left in the pipe, without waiting (a grandchild may hold it open)."""
+        while not stream.closed and wait([stream], timeout=0) and self.copy(stream):
+            pass
+        self.add("\n")
+
+    def text(self) -> str:
+        return " | ".join(line.strip() for line in self.lines)
+
+
+def _advice(signal_name: str | None, words: str) -> tuple[str, str]:
+    """(field, fix) for a calibration process that ended without a result."""
+    if signal_name == "SIGKILL":
+        return (
+            "calibration.max_cpu_memory_gb",
+            "a SIGKILL is usually the kernel's out-of-memory killer: set "
+            "calibration.max_cpu_memory_gb below what the worker really has, so the memory plan "
+            "reads the weights from disk (disk offload) and picks a smaller batch, or set "
+            "calibration.batch_size to 1, or run on a worker with more memory",
+        )
+    if "batch_size" in words:  # e.g. auto-round: "try to set the `batch_size` to 1"
+        return (
+            "calibration.batch_size",
+            "set calibration.batch_size to 1 (the library's last words ask for a batch size) and "
+            "report the architecture",
+        )
+    if signal_name:
+        return (
+            "calibration",
+            "a crash in native code (torch or a library extension): its last words say where; "
+            "rerun with calibration.batch_size 1, or report the crash with them",
+        )
+    return (
+        "calibration",
+        "the library ended the process itself: its last words say why; change what they name "
+        "and run `compressflow validate` on these parameters; the full output is in the log",
+    )
+
+
+def _ended(what: str, how: str, tail: _Tail, signal_name: str | None = None) -> CalibrationError:
+    words = tail.text()
+    field, fix = _advice(signal_name, words)
+    said = f"; its last words: {words.rstrip('.')}" if words else "; it printed nothing before"
+    return CalibrationError(field, f"the {what} process {how}{said}", fix)
+
+
+def _died(what: str, exitcode: int | None, tail: _Tail) -> CalibrationError:
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return _ended(what, f"was killed by {name} (exit code {exitcode})", tail, name)
+    return _ended(what, f"exited with code {exitcode} without a result", tail)
 
 
 def _context(target: Callable):
@@ -121,42 +254,55 @@ def run_isolated(
     """
     context = _context(target)
     receiver, sender = context.Pipe(duplex=False)
+    stderr, stderr_sender = context.Pipe(duplex=False)
     process = context.Process(
-        target=_child, args=(target, args, dict(os.environ), sender), name=what
+        target=_child, args=(target, args, dict(os.environ), sender, stderr_sender), name=what
     )
     with _main_script_not_rerun():
         process.start()
     sender.close()
+    stderr_sender.close()
     log = run_logger(__name__)
+    tail = _Tail()
     try:
         while True:
-            # Poll, not a blocking recv: a timeout or cancellation raised into this thread
-            # must find it running Python, not waiting inside a read.
-            if not receiver.poll(0.5):
+            # A wait with a timeout, not a blocking recv: a timeout or cancellation raised into
+            # this thread must find it running Python, not waiting inside a read.
+            ready = wait([receiver] if stderr.closed else [receiver, stderr], timeout=0.5)
+            if stderr in ready and not tail.copy(stderr):
+                stderr.close()
+            if receiver not in ready:
+                if process.exitcode is not None and not receiver.poll():
+                    # Gone without closing the pipe (a grandchild holds it): as below.
+                    tail.drain(stderr)
+                    raise _died(what, process.exitcode, tail)
                 continue
             try:
                 kind, payload = receiver.recv()
-            except EOFError:  # the child died without a word: killed (out of memory?)
+            except EOFError:  # the child died without a word: a signal, or os._exit
                 process.join(KILL_GRACE_SECONDS)
-                raise CalibrationError(
-                    "calibration",
-                    f"the {what} process exited with code {process.exitcode} before it finished "
-                    "(-9 is a kill, usually the kernel's out-of-memory killer)",
-                    "lower calibration.max_cpu_memory_gb so the memory plan leaves more room, or "
-                    "run on a worker with more memory",
-                ) from None
+                tail.drain(stderr)
+                raise _died(what, process.exitcode, tail) from None
+            if kind in ("result", "error", "ended"):
+                tail.drain(stderr)  # what it printed last, before its last message
             if kind == "result":
                 return payload
             if kind == "error":
                 exc, cause, text = payload
                 log.error("%s failed in its process:\n%s", what, text)
                 raise exc from cause
+            if kind == "ended":
+                how, text = payload
+                log.error("%s ended in its process:\n%s", what, text)
+                raise _ended(what, how, tail)
             if kind == "log":
                 log.log(*payload)
+                tail.add(f"{payload[1]}\n")
             else:
                 on_event(kind, payload)
     finally:
         receiver.close()
+        stderr.close()
         if process.is_alive():
             process.terminate()
             process.join(KILL_GRACE_SECONDS)
