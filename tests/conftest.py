@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,6 +84,48 @@ def prefect_harness():
         yield
 
 
+@dataclass(frozen=True)
+class SharedRun:
+    """One finished compress run: its parameters, its Prefect state and what it published."""
+
+    params: dict
+    state: Any
+    published: Any
+
+
+@pytest.fixture(scope="session")
+def w4a16_run(tiny_model, test_root, prefect_harness) -> SharedRun:
+    """One W4A16 calibration of the tiny model, shared by every test that only reads a run.
+
+    Its parameters carry what those tests look for (tags, a recipe argument, a ClearML task
+    name, batch knobs), so naming, lineage, tracking, the manifest and evaluation are checked on
+    one calibration instead of one each. A test that reruns `params` gets the reuse path.
+    """
+    from compressflow.flows.compress import compress
+    from compressflow.params import (
+        CalibrationArgs,
+        DatasetArgs,
+        ModelArgs,
+        OutputArgs,
+        RecipeArgs,
+        TrackingArgs,
+    )
+
+    params = dict(
+        model=ModelArgs(model_id=str(tiny_model)),
+        dataset=DatasetArgs(dataset_name="python_docs", text_samples=16, max_seq_len=64),
+        recipe=RecipeArgs(preset="W4A16", recipe_args={"dampening_frac": 0.02}),
+        output=OutputArgs(
+            save_directory=str(test_root / "shared-w4a16" / "W4A16"),
+            tags=["nightly", "team-a", "w4a16"],
+        ),
+        tracking=TrackingArgs(task_name="tracking test"),
+        calibration=CalibrationArgs(batch_size=4, moe_calibrate_all_experts=False),
+    )
+    state = compress(**params, return_state=True)
+    return SharedRun(params=params, state=state, published=state.result())
+
+
 @pytest.fixture()
 def clearml_params():
     """A real offline ClearML task open for one test; returns a reader of its hyperparameters."""
@@ -126,7 +170,7 @@ def stack_client(prefect_stack):
 
 # Tests that need a Prefect server (the session harness or a real `prefect server` with a worker)
 # are end-to-end; `make unit` runs the rest in about a minute.
-E2E_FIXTURES = {"prefect_harness", "prefect_stack", "stack_client"}
+E2E_FIXTURES = {"prefect_harness", "prefect_stack", "stack_client", "w4a16_run"}
 
 
 def pytest_collection_modifyitems(items):

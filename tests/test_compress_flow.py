@@ -41,7 +41,18 @@ def stage(published, name):
     return next(s for s in published.stages if s.name == name)
 
 
-@pytest.mark.parametrize("preset", ["W4A16", "W8A8", "FP8_DYNAMIC"])
+def assert_published_whole(published, target: Path) -> None:
+    assert Path(published.path) == target and not published.reused
+    assert {"manifest.json", "recipe.yaml", "config.json"} <= {p.name for p in target.iterdir()}
+    manifest = json.loads((target / "manifest.json").read_text())
+    assert manifest["result"]["run_key"] == published.run_key
+    assert manifest["libraries"]["llmcompressor"] == "0.14.0.1"
+    assert published.compression_ratio > 1.5
+    assert_reloads_with_finite_logits(published.path)
+    assert not list(target.parent.glob(".*staging*")), "staging folder left behind"
+
+
+@pytest.mark.parametrize("preset", ["W8A8", "FP8_DYNAMIC"])
 def test_each_cpu_preset_publishes_a_reloadable_checkpoint(tiny_model, tmp_path, preset):
     target = tmp_path / preset
     published = compress(
@@ -50,14 +61,11 @@ def test_each_cpu_preset_publishes_a_reloadable_checkpoint(tiny_model, tmp_path,
         recipe=RecipeArgs(recipe=preset),
         output=OutputArgs(save_directory=str(target)),
     )
-    assert Path(published.path) == target and not published.reused
-    assert {"manifest.json", "recipe.yaml", "config.json"} <= {p.name for p in target.iterdir()}
-    manifest = json.loads((target / "manifest.json").read_text())
-    assert manifest["result"]["run_key"] == published.run_key
-    assert manifest["libraries"]["llmcompressor"] == "0.14.0.1"
-    assert published.compression_ratio > 1.5
-    assert_reloads_with_finite_logits(published.path)
-    assert not list(tmp_path.glob(".*staging*")), "staging folder left behind"
+    assert_published_whole(published, target)
+
+
+def test_w4a16_publishes_a_reloadable_checkpoint(w4a16_run):
+    assert_published_whole(w4a16_run.published, Path(w4a16_run.params["output"].save_directory))
 
 
 def materializations(client, flow_run_id, timeout: float = 30.0) -> list[dict]:
@@ -83,17 +91,11 @@ def materializations(client, flow_run_id, timeout: float = 30.0) -> list[dict]:
         time.sleep(0.5)
 
 
-def test_a_run_is_named_and_tagged_after_its_model_and_shows_lineage(tiny_model, tmp_path):
+def test_a_run_is_named_and_tagged_after_its_model_and_shows_lineage(tiny_model, w4a16_run):
     from prefect.client.orchestration import get_client
 
-    target = tmp_path / "named"
-    state = compress(
-        model=ModelArgs(model_id=str(tiny_model)),
-        dataset=small_data(),
-        recipe=RecipeArgs(preset="W4A16"),
-        output=OutputArgs(save_directory=str(target), tags=["nightly", "team-a"]),
-        return_state=True,
-    )
+    target = Path(w4a16_run.params["output"].save_directory)
+    state = w4a16_run.state
     flow_run_id = state.state_details.flow_run_id
     with get_client(sync_client=True) as client:
         run = client.read_flow_run(flow_run_id)

@@ -1,6 +1,6 @@
 """evaluate-model on the tiny model: real Prefect, real compressed checkpoint, ClearML offline.
 
-One W4A16 compression is shared by the module. The held-out text must not contain the calibration
+The session's one shared W4A16 compression (conftest's `w4a16_run`) is what they evaluate. The held-out text must not contain the calibration
 samples, metrics must be finite and logged to Prefect and ClearML, and the quality gate must fail
 or flag the run as asked.
 """
@@ -15,16 +15,13 @@ from pathlib import Path
 import pytest
 
 from compressflow.errors import InputError, ModelFetchError, QualityThresholdExceeded
-from compressflow.flows.compress import compress
 from compressflow.flows.evaluate import evaluate
 from compressflow.params import (
     DatasetArgs,
     HeldOutArgs,
     LmEvalArgs,
     ModelArgs,
-    OutputArgs,
     QualityGate,
-    RecipeArgs,
 )
 from compressflow.reporting.artifacts import artifact_key
 from compressflow.store.manifest import read_manifest
@@ -38,13 +35,10 @@ FEW = HeldOutArgs(samples=8, max_seq_len=128)
 
 
 @pytest.fixture(scope="module")
-def compressed(tiny_model, tmp_path_factory, prefect_harness) -> str:
-    return compress(
-        model=ModelArgs(model_id=str(tiny_model)),
-        dataset=CALIBRATION,
-        recipe=RecipeArgs(recipe="W4A16"),
-        output=OutputArgs(save_directory=str(tmp_path_factory.mktemp("eval") / "w4a16")),
-    ).path
+def compressed(w4a16_run) -> str:
+    """The session's shared W4A16 run (calibrated on CALIBRATION's data)."""
+    assert w4a16_run.params["dataset"] == CALIBRATION
+    return w4a16_run.published.path
 
 
 def test_metrics_of_a_compressed_model_against_the_base_in_its_manifest(compressed, tiny_model):

@@ -282,18 +282,15 @@ def tensors(folder: Path) -> dict[str, bytes]:
     }
 
 
-def test_the_chosen_knobs_are_in_the_manifest(prefect_harness, tiny_model, tmp_path):
-    _, manifest = tiny_run(
-        tiny_model,
-        tmp_path,
-        "W4A16",
-        CalibrationArgs(batch_size=4, moe_calibrate_all_experts=False),
-    )
+def test_the_chosen_knobs_are_in_the_manifest(w4a16_run):
+    # The shared run asks for batch_size 4 and moe_calibrate_all_experts false.
+    target = Path(w4a16_run.published.path)
+    manifest = json.loads((target / "manifest.json").read_text())
     plan_ = manifest["memory_plan"]
     assert plan_["batch_size"] == 4 and plan_["moe_calibrate_all_experts"] is False
     assert plan_["sequential_offload_device"] == "cpu" and plan_["sequential_prefetch"] is False
     assert manifest["inputs"]["calibration"]["batch_size"] == 4
-    assert Path(tmp_path / "out" / "recipe.yaml").exists()
+    assert (target / "recipe.yaml").exists()
 
 
 def hanging_collator(batch):

@@ -56,8 +56,8 @@ def hyperparams(session: Path) -> dict[str, dict[str, str]]:
     }
 
 
-def test_one_offline_task_holds_every_stage(tiny_model, tmp_path):
-    published = run(tiny_model, tmp_path / "out", task_name="tracking test")
+def test_one_offline_task_holds_every_stage(w4a16_run):
+    published = w4a16_run.published
     session = offline_session(published)
     task = json.loads((session / "task.json").read_text())
     assert task["name"] == "tracking test"
@@ -90,18 +90,18 @@ def test_one_offline_task_holds_every_stage(tiny_model, tmp_path):
     assert {"manifest", "recipe", "compressed-model"} <= artifacts
 
 
-def test_a_run_started_by_a_tracked_process_gets_its_own_task(tiny_model, tmp_path, monkeypatch):
+def test_a_run_started_by_a_tracked_process_gets_its_own_task(w4a16_run, monkeypatch):
     # What a worker's flow run inherits when the worker was started from a tracked process:
-    # ClearML would otherwise hand this run a stub and log nothing.
+    # ClearML would otherwise hand this run a stub and log nothing. (A rerun of the shared run's
+    # parameters: the reuse path opens and logs its task as a calibration does.)
     monkeypatch.setenv("CLEARML_PROC_MASTER_ID", "1:0123456789abcdef")
-    published = run(tiny_model, tmp_path / "out")
+    published = compress(**w4a16_run.params)
     assert "FAILED" not in published.tracking
     assert hyperparams(offline_session(published))["model"]["identity"].startswith("sha256:")
 
 
-def test_cache_hits_still_log_their_stage(tiny_model, tmp_path):
-    run(tiny_model, tmp_path / "first")
-    second = run(tiny_model, tmp_path / "first")
+def test_cache_hits_still_log_their_stage(w4a16_run):
+    second = compress(**w4a16_run.params)
     assert second.reused
     params = hyperparams(offline_session(second))
     assert params["model"]["identity"].startswith("sha256:")
