@@ -40,7 +40,7 @@ def exits_like_auto_round(events):
 
 
 def aborts(events):
-    logging.getLogger("compressflow.tests").info("loaded the model; calibrating")
+    logging.getLogger("compressflow").info("loaded the model; calibrating")
     os.abort()
 
 
@@ -273,6 +273,7 @@ def test_a_recipe_that_targets_the_vision_tower_keeps_it(zoo):
 # --- One flow: AutoRound with an automatic batch size publishes (it crashed the run) --------------
 
 
+@pytest.mark.matrix  # AutoRound compiles with torch.compile: about a minute, like the preset matrix
 @pytest.mark.usefixtures("prefect_harness")
 def test_auto_round_with_many_samples_publishes_a_verified_model(tiny_model, tmp_path):
     from compressflow.flows.compress import compress

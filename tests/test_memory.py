@@ -321,7 +321,7 @@ def test_a_timeout_stops_calibration_and_its_process(
             ),
             recipe=RecipeArgs(recipe="W4A16"),
             output=OutputArgs(save_directory=str(tmp_path / "out")),
-            calibration=CalibrationArgs(timeout_minutes=0.25),
+            calibration=CalibrationArgs(timeout_minutes=0.15),
         )
     assert time.monotonic() - started < 120
     pid = int(pid_file.read_text())

@@ -99,8 +99,12 @@ def violations(config: dict, package_dirs: dict[str, str]) -> list[str]:
     return found
 
 
+# Underscored names that are public API (the standard library's): not library internals.
+PUBLIC_UNDERSCORED = {"_exit", "_getframe", "_asdict", "_replace", "_fields", "_make"}
+
+
 def _private(part: str) -> bool:
-    return part.startswith("_") and not part.startswith("__")
+    return part.startswith("_") and not part.startswith("__") and part not in PUBLIC_UNDERSCORED
 
 
 def internals_reached(file: Path, internal_modules: list[str]) -> list[str]:
