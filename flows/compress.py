@@ -37,6 +37,7 @@ from compressflow.runtime.isolation import warm_up
 from compressflow.runtime.stages import Stages
 from compressflow.store.locks import output_lock
 from compressflow.store.manifest import (
+    compile_cache_path,
     find_published,
     reference_path,
     remove_leftovers,
@@ -166,6 +167,7 @@ def run_stages(
         finally:
             # Gone already when publishing succeeded; the reference logits are never published.
             shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(compile_cache_path(staging), ignore_errors=True)
             reference_path(staging).unlink(missing_ok=True)
             if plan.offload_folder and not calibration.offload_folder:  # ours, not the user's
                 shutil.rmtree(plan.offload_folder, ignore_errors=True)

@@ -12,6 +12,7 @@ ending the task ends it, and its memory, GPU memory included, goes back when it 
 from __future__ import annotations
 
 import gc
+import os
 import re
 import resource
 import shutil
@@ -55,7 +56,7 @@ from compressflow.results import (
 )
 from compressflow.runtime.isolation import run_isolated
 from compressflow.store.disk_space import disk_full_is_clear, folder_size
-from compressflow.store.manifest import reference_path
+from compressflow.store.manifest import compile_cache_path, reference_path
 
 _QUANTIZING = re.compile(r"Quantizing \d+ module\(s\): \[(.*)\]")
 _METRIC = re.compile(r"^(time|error)\s+([-+0-9.eE]+|nan|inf)s?$")
@@ -351,6 +352,10 @@ def calibrate_here(
     A model-free plan quantizes the checkpoint shard by shard instead (`calibrate_model_free`).
     `events("progress", (per_pass, passes))` and `events("subgraph")` report progress.
     """
+    # The run compiles into a cache of its own (compile_cache_path says why); importing
+    # llm-compressor already set the shared default here, so it is replaced, not defaulted.
+    # This process is the run's alone.
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_path(Path(staging_path)))
     if plan.path == "model_free":
         return calibrate_model_free(model, plan, staging_path, verify)
     import torch

@@ -280,6 +280,16 @@ def test_auto_round_with_many_samples_publishes_a_verified_model(tiny_model, tmp
     from compressflow.params import DatasetArgs, ModelArgs, OutputArgs
     from compressflow.store.manifest import read_manifest
 
+    def shared_compile_cache() -> list[str]:
+        """The compiled code in torch's host-wide cache (its precompiled headers, fixed at
+        import, are left out: torch offers no per-run place for them)."""
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        folder = Path(default_cache_dir())
+        found = folder.rglob("*") if folder.exists() else []
+        return sorted(str(p) for p in found if "precompiled_headers" not in p.parts)
+
+    before = shared_compile_cache()
     try:
         published = compress(
             model=ModelArgs(model_id=str(tiny_model)),
@@ -295,6 +305,10 @@ def test_auto_round_with_many_samples_publishes_a_verified_model(tiny_model, tmp
     manifest = read_manifest(Path(published.path))
     assert manifest.verification.passed
     assert manifest.memory_plan.batch_size == 1
+    # AutoRound compiled into the run's own cache, which went with the run: a run killed while
+    # compiling can no longer leave the host's shared cache broken for every later run.
+    assert shared_compile_cache() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
 @pytest.mark.usefixtures("prefect_harness")

@@ -225,6 +225,8 @@ def test_leftovers_of_dead_runs_are_removed_and_nothing_else(tmp_path, caplog):
         f".out.offload-{dead}": True,
         f".out.offload-{live}": False,  # a live run's
         f".out.staging-{dead}-0123abcd": True,
+        f".out.staging-{dead}-0123abcd.compile": True,  # its torch.compile cache
+        f".out.staging-{live}-0123abcd.compile": False,
         f".out.retired-{live}-0123abcd": False,  # being deleted by a live run
         f".out.retired-{dead}-89abcdef": False,  # no manifest: not provably an old output
         f".out.retired-{dead}-0123abcd": True,  # an old output of ours

@@ -263,11 +263,21 @@ def reference_path(staging: Path) -> Path:
     return staging.with_name(staging.name + ".reference.pt")
 
 
+def compile_cache_path(staging: Path) -> Path:
+    """The run's own torch.compile cache: beside the staging folder, gone with the run.
+
+    torch's default cache is shared by every process of the host, and a run killed while it
+    compiles (AutoRound compiles) leaves a truncated library there that fails every later
+    compile on the host; a run's own cache goes with the run, or with a killed run's leftovers.
+    """
+    return staging.with_name(staging.name + ".compile")
+
+
 # The hidden names a run gives what it keeps beside its output, after `.<output name>.`: the
 # staging folder (and its reference logits), the offload folder (compressflow.model.memory) and
 # an output being replaced. Each carries the pid of the run that made it.
 LEFTOVERS = {
-    "staging": r"staging-(\d{1,9})-[0-9a-f]{8}(\.reference\.pt)?",
+    "staging": r"staging-(\d{1,9})-[0-9a-f]{8}(\.reference\.pt|\.compile)?",
     "offload": r"offload-(\d{1,9})",
     "retired": r"retired-(\d{1,9})-[0-9a-f]{8}",
 }
