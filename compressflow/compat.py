@@ -221,6 +221,17 @@ def clearml_report_in_process() -> None:
     BackendTask._report_subprocess_enabled = False
 
 
+def shared_compile_cache_dir() -> str:
+    """torch.compile's host-wide default cache folder (`/tmp/torchinductor_<user>`).
+
+    Missing upstream: torch documents TORCHINDUCTOR_CACHE_DIR but no public way to ask where
+    the default is; `cache_dir_utils` is internal.
+    """
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return default_cache_dir()
+
+
 # ---------------------------------------------------------------- workarounds
 
 

@@ -283,9 +283,9 @@ def test_auto_round_with_many_samples_publishes_a_verified_model(tiny_model, tmp
     def shared_compile_cache() -> list[str]:
         """The compiled code in torch's host-wide cache (its precompiled headers, fixed at
         import, are left out: torch offers no per-run place for them)."""
-        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+        from compressflow import compat
 
-        folder = Path(default_cache_dir())
+        folder = Path(compat.shared_compile_cache_dir())
         found = folder.rglob("*") if folder.exists() else []
         return sorted(str(p) for p in found if "precompiled_headers" not in p.parts)
 
