@@ -9,9 +9,10 @@ records a content identity (a hash), so a cache hit is still traceable in the ma
 The task's own source is not enough: what a stage returns also depends on the code it calls (the
 recipe engine, the dataset builder, the result models it pickles) and on the libraries that do
 the work. So the key also holds `code_identity()`: a hash of every .py file of the installed
-compressflow package and the versions of the libraries in `LIBRARIES`. Editing or upgrading any
-of them misses the cache instead of reusing, for up to 7 days, a result the new code would not
-produce (or a result model missing a field added since).
+compressflow package and the versions of the libraries the manifest records
+(`manifest.LIBRARIES`). Editing or upgrading any of them misses the cache instead of reusing, for
+up to 7 days, a result the new code would not produce (or a result model missing a field added
+since).
 
 Cached results point at folders on disk; the flow's stage runner refreshes an entry whose folder
 was deleted, so a cleaned cache never surfaces as a confusing error downstream.
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
 import importlib.util
 import json
 from dataclasses import dataclass
@@ -34,18 +34,10 @@ from prefect.context import TaskRunContext
 from pydantic import BaseModel
 
 from compressflow.settings import settings
+from compressflow.store.manifest import library_versions
 
 # The installed package's parts (flows, tasks and blocks are mapped from top-level folders).
 PACKAGES = ("compressflow", "compressflow.flows", "compressflow.tasks", "compressflow.blocks")
-# Distributions whose upgrade can change a rendered recipe, a fetched model's checks or a dataset.
-LIBRARIES = (
-    "llmcompressor",
-    "compressed-tensors",
-    "transformers",
-    "tokenizers",
-    "datasets",
-    "torch",
-)
 
 # Unpinned hub revisions ("main") are re-resolved after this long; pinned ones never change.
 CACHE_EXPIRATION = timedelta(days=7)
@@ -72,17 +64,6 @@ def source_hash(folders: list[Path]) -> str:
             digest.update(f"{folder.name}/{file.relative_to(folder)}\0".encode())
             digest.update(file.read_bytes())
     return digest.hexdigest()
-
-
-def library_versions() -> dict[str, str]:
-    """Installed versions of `LIBRARIES`, read from their metadata (nothing is imported)."""
-    versions = {}
-    for name in LIBRARIES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = "absent"
-    return versions
 
 
 @functools.cache

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
 import shutil
 import uuid
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,17 @@ from compressflow.settings import settings
 MANIFEST = "manifest.json"
 
 
-LIBRARIES = ("llmcompressor", "compressed-tensors", "transformers", "torch", "datasets", "prefect")
+# The libraries whose versions a result depends on: recorded in the manifest, part of the run key
+# and of the cache key of the cached stages (compressflow.store.caching).
+LIBRARIES = (
+    "llmcompressor",
+    "compressed-tensors",
+    "transformers",
+    "tokenizers",
+    "torch",
+    "datasets",
+    "prefect",
+)
 
 
 class ManifestResult(BaseModel):
@@ -100,7 +110,14 @@ class Manifest(BaseModel):
 
 
 def library_versions() -> dict[str, str]:
-    return {name: version(name) for name in LIBRARIES}
+    """Installed versions of `LIBRARIES`, read from their metadata (nothing is imported)."""
+    versions = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    return versions
 
 
 def run_key(
