@@ -9,7 +9,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo test unit matrix lint format clean screenshots
+.PHONY: demo test unit matrix lint format clean screenshots vllm-env
 
 # torch first, pinned: resolving a bare torch pulls the newest CUDA build (several GB).
 $(STAMP): pyproject.toml
@@ -18,6 +18,20 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
+
+# vLLM in an environment of its own, as in production the serving image is not the compression
+# image: it pins another compressed-tensors. Verify and evaluate-model find it here; without it
+# they say the vLLM check was not run.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+$(VLLM_STAMP): requirements-vllm.txt
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -r requirements-vllm.txt
+	$(VLLM_VENV)/bin/python -c "import vllm"
+	touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
 
 demo: $(STAMP)
 	$(PY) -m compressflow.demo

@@ -323,6 +323,26 @@ class VerifyArgs(_Args):
         le=1,
         description="Smallest allowed share of positions where both models pick the same token.",
     )
+    vllm: Literal["auto", "required", "off"] = Field(
+        default="auto",
+        description="Serve the output in vLLM before publishing, and score it against the base "
+        "model served the same way. auto: when the worker has a vLLM environment "
+        "(COMPRESSFLOW_VLLM_PYTHON, or the project's .venv-vllm); required: refuse to run "
+        "without one, and to publish a model it could not check; off: never.",
+    )
+    vllm_max_perplexity_increase_pct: float = Field(
+        default=10.0,
+        ge=0,
+        description="Largest allowed perplexity increase in vLLM over the base model in vLLM, "
+        "in percent, on the held-out texts.",
+    )
+    vllm_min_top1: float = Field(
+        default=0.4,
+        ge=0,
+        le=1,
+        description="Smallest allowed share of positions where vLLM picks the same token for "
+        "both models.",
+    )
 
 
 # evaluate-model

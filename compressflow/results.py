@@ -281,10 +281,44 @@ class Calibration(BaseModel):
 # verify
 
 
+class QualityMetrics(BaseModel):
+    samples: int
+    tokens: int = Field(description="Next-token positions scored.")
+    base_perplexity: float
+    compressed_perplexity: float
+    perplexity_increase_pct: float = Field(description="100 * (compressed / base - 1).")
+    kl_divergence: float | None = Field(
+        description="Mean KL(base || compressed) per position, in nats; None when the engine "
+        "returns top tokens only (vLLM)."
+    )
+    top1_agreement: float = Field(description="Share of positions where both pick the same token.")
+
+
 class VerificationCheck(BaseModel):
     name: str
     passed: bool
     detail: str
+    checked: bool = Field(
+        default=True,
+        description="False: this host could not run the check (e.g. no vLLM kernel for the "
+        "scheme); `passed` is then False too, and the check does not fail the run.",
+    )
+
+    def verdict(self) -> str:
+        return "pass" if self.passed else "FAIL" if self.checked else "not checked here"
+
+
+class ServingCheck(BaseModel):
+    """What vLLM did with a checkpoint (compressflow/model/serving.py)."""
+
+    outcome: Literal["served", "not checked", "refused"]
+    reason: str = Field(default="", description="Why not served: vLLM's own root-cause line.")
+    metrics: QualityMetrics | None = Field(
+        default=None, description="Both models scored by vLLM on the held-out tokens."
+    )
+    vllm_version: str | None = None
+    seconds: float = Field(default=0.0, description="Start, load and score both models.")
+    load_seconds: float = Field(default=0.0, description="Of which building both engines.")
 
 
 class Verification(BaseModel):
@@ -299,9 +333,10 @@ class Verification(BaseModel):
     peak_rss_mb: float | None = Field(
         default=None, description="Process peak resident memory once verified (ru_maxrss)."
     )
+    vllm: ServingCheck | None = Field(default=None, description="Served and scored in vLLM.")
 
     def failed(self) -> list[VerificationCheck]:
-        return [check for check in self.checks if not check.passed]
+        return [check for check in self.checks if check.checked and not check.passed]
 
     def log_to(self, tracker) -> None:
         tracker.params(
@@ -343,16 +378,6 @@ class PublishedModel(BaseModel):
 
 
 # evaluate
-
-
-class QualityMetrics(BaseModel):
-    samples: int
-    tokens: int = Field(description="Next-token positions scored.")
-    base_perplexity: float
-    compressed_perplexity: float
-    perplexity_increase_pct: float = Field(description="100 * (compressed / base - 1).")
-    kl_divergence: float = Field(description="Mean KL(base || compressed) per position, in nats.")
-    top1_agreement: float = Field(description="Share of positions where both pick the same token.")
 
 
 class EvaluationReport(BaseModel):

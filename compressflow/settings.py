@@ -12,6 +12,10 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# Where `make vllm-env` builds the vLLM environment, beside the project's own .venv; its stamp is
+# written once vLLM imports, so a half-built environment is not taken for one.
+PROJECT_VLLM = Path(__file__).resolve().parent.parent / ".venv-vllm"
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="COMPRESSFLOW_", extra="ignore")
@@ -37,6 +41,38 @@ class Settings(BaseSettings):
         description="Most MiB of local calibration data (a file, or a folder's data files "
         "together) read before refusing: calibration draws hundreds of samples, not a corpus.",
     )
+
+    vllm_python: str = Field(
+        default="",
+        description="Python of a vLLM environment (the serving image's, or the one `make "
+        "vllm-env` builds) that verify and evaluate-model serve outputs with; empty: the "
+        "project's .venv-vllm when it exists; 'off': none.",
+    )
+    vllm_timeout_seconds: float = Field(
+        default=900, gt=0, description="How long vLLM may take to load and score both models."
+    )
+
+    def vllm_python_path(self) -> Path | None:
+        """The vLLM environment's Python; None when none is configured or it is not there."""
+        if self.vllm_python.lower() == "off":
+            return None
+        if not self.vllm_python:
+            built = (PROJECT_VLLM / ".installed").exists()
+            return PROJECT_VLLM / "bin" / "python" if built else None
+        path = Path(self.vllm_python).expanduser()
+        return path if path.is_file() else None
+
+    def vllm_missing_reason(self) -> str:
+        if self.vllm_python.lower() == "off":
+            return "no vLLM environment (COMPRESSFLOW_VLLM_PYTHON is off)"
+        if self.vllm_python:
+            return (
+                f"no vLLM environment (COMPRESSFLOW_VLLM_PYTHON={self.vllm_python} is not a file)"
+            )
+        return (
+            "no vLLM environment configured: run `make vllm-env` (builds .venv-vllm) or set "
+            "COMPRESSFLOW_VLLM_PYTHON to a vLLM environment's Python"
+        )
 
     def allowed_import_prefixes(self) -> list[str]:
         return [p.strip() for p in self.allowed_imports.split(",") if p.strip()]

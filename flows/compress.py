@@ -14,6 +14,7 @@ from prefect import flow, tags
 from compressflow.blocks.clearml_settings import load_clearml_settings
 from compressflow.flows.checks import check_before_calibration, resolve_inputs
 from compressflow.logs import run_logger
+from compressflow.model.serving import require_vllm
 from compressflow.params import (
     CalibrationArgs,
     DatasetArgs,
@@ -113,6 +114,7 @@ def run_stages(
 ) -> PublishedModel:
     """The pipeline: cheap stages first, so mistakes fail before any weights load."""
     log = run_logger(__name__)
+    require_vllm(verify_args.vllm)
     stages = Stages()
     warm_up(calibrate_here)  # calibration's process forks from it; imports overlap cheap stages
     resolved = resolve_inputs(stages.run, model, dataset, recipe, output, calibration)

@@ -11,9 +11,12 @@ It reloads the checkpoint from disk the way a server does and checks, cheapest f
 3. reload: transformers loads it with no missing, unexpected or mismatched keys (a missing key is
    silently initialised at random);
 4. logits: on held-out texts its next-token logits agree with the base model's, captured before
-   calibration (cosine, KL, top-1 against `verify` thresholds).
+   calibration (cosine, KL, top-1 against `verify` thresholds);
+5. vllm: vLLM, the server it is made for, loads it and scores the same texts close to the base
+   model served the same way (compressflow/model/serving.py); run last, it takes seconds to a
+   minute. A host whose vLLM build lacks the scheme's kernel records "not checked here".
 
-A model-free run is also checked weight by weight (5. weights: every quantized weight, dequantized,
+A model-free run is also checked weight by weight (6. weights: every quantized weight, dequantized,
 is close to the source's), one shard at a time. A run whose weights were read from disk (and every
 model-free run) reloads the same way, so verifying needs no more memory than calibrating.
 
@@ -38,6 +41,7 @@ from compressflow.compat import patch_reloads
 from compressflow.errors import VerificationError
 from compressflow.logs import run_logger
 from compressflow.model.checkpoint import tensor_index
+from compressflow.model.serving import serve_and_score
 from compressflow.model.tracing import unloaded_tensors
 from compressflow.params import DEFAULT_MODEL_CLASS, VerifyArgs
 from compressflow.reporting import tracking
@@ -48,6 +52,7 @@ from compressflow.results import (
     FetchedModel,
     MemoryPlan,
     RenderedRecipe,
+    ServingCheck,
     Verification,
     VerificationCheck,
 )
@@ -60,6 +65,7 @@ FIELDS = {
     "reload": "recipe",
     "logits": "verify",
     "weights": "calibration.path",
+    "vllm": "verify",
 }
 # FP8 (e4m3) keeps 3 mantissa bits: rounding moves a weight by at most ~6%, and a tensor's
 # relative error stays far below that; a wrong scale or layout lands near or above 100%.
@@ -77,6 +83,10 @@ FIXES = {
     "layers with the largest error unquantized (recipe ignore; the manifest lists errors per "
     "module), use more calibration samples or a scheme with more bits, or, if the loss is "
     "acceptable, relax verify.min_cosine / verify.max_kl / verify.min_top1",
+    "vllm": "vLLM refused the output or scored it too far from the base model: a refusal names "
+    "vLLM's reason (report the architecture and scheme; meanwhile try another scheme); for "
+    "scores, use a gentler recipe or relax verify.vllm_max_perplexity_increase_pct / "
+    "verify.vllm_min_top1; verify.vllm off publishes without serving it",
     "weights": "the model-free path wrote weights that do not dequantize to the source's: set "
     "calibration.path to classic, and report the model and scheme",
 }
@@ -252,10 +262,14 @@ def check_weights(staging: Path, source: Path) -> VerificationCheck:
     return VerificationCheck(name="weights", passed=passed, detail=detail)
 
 
-def check_logits(loaded, reference_path: Path, args: VerifyArgs) -> tuple[VerificationCheck, dict]:
+def load_reference(calibration: Calibration) -> dict | None:
+    """The base model's logits and their token ids; None when calibration captured none."""
     import torch
 
-    reference = torch.load(reference_path)
+    return torch.load(calibration.reference_path) if calibration.reference_path else None
+
+
+def check_logits(loaded, reference: dict, args: VerifyArgs) -> tuple[VerificationCheck, dict]:
     figures = compare_logits(reference["logits"], logits_of(loaded, reference["input_ids"]))
     cosine, kl, top1 = (figures[k] for k in ("cosine", "kl_divergence", "top1_agreement"))
     passed = cosine >= args.min_cosine and kl <= args.max_kl and top1 >= args.min_top1
@@ -269,9 +283,46 @@ def check_logits(loaded, reference_path: Path, args: VerifyArgs) -> tuple[Verifi
     return VerificationCheck(name="logits", passed=passed, detail=detail), figures
 
 
+def check_vllm(
+    staging: Path, model: FetchedModel, prompts: list[list[int]], args: VerifyArgs
+) -> tuple[VerificationCheck, ServingCheck | None]:
+    """Serve the output and the base model in vLLM on the held-out tokens, and judge it."""
+    name = "vllm"
+    if args.vllm == "off":
+        return VerificationCheck(name=name, passed=False, checked=False, detail="off"), None
+    served = serve_and_score(model.path, str(staging), prompts, model.trust_remote_code)
+    if served.outcome == "refused":
+        detail = f"vLLM {served.vllm_version} refused it: {served.reason}"
+        return VerificationCheck(name=name, passed=False, detail=detail), served
+    if served.outcome == "not checked":
+        return VerificationCheck(
+            name=name,
+            passed=False,
+            # required: this host was meant to prove it, and could not
+            checked=args.vllm == "required",
+            detail=f"not checked here: {served.reason}",
+        ), served
+    m = served.metrics
+    passed = (
+        m.perplexity_increase_pct <= args.vllm_max_perplexity_increase_pct
+        and m.top1_agreement >= args.vllm_min_top1
+    )
+    detail = (
+        f"served by vLLM {served.vllm_version}: perplexity {m.base_perplexity:.4g} -> "
+        f"{m.compressed_perplexity:.4g} ({m.perplexity_increase_pct:+.2f}%, max "
+        f"+{args.vllm_max_perplexity_increase_pct}%), top-1 {m.top1_agreement:.1%} (min "
+        f"{args.vllm_min_top1:.0%}) over {m.tokens} positions, {served.seconds:.0f} s"
+    )
+    return VerificationCheck(name=name, passed=passed, detail=detail), served
+
+
+def bold_failure(verdict: str) -> str:
+    return f"**{verdict}**" if verdict == "FAIL" else verdict
+
+
 def verification_markdown(result: Verification, target: str, name: str) -> str:
     rows = "\n".join(
-        f"| {check.name} | {'pass' if check.passed else '**FAIL**'} | {check.detail} |"
+        f"| {check.name} | {bold_failure(check.verdict())} | {check.detail} |"
         for check in result.checks
     )
     verdict = "passed" if result.passed else "FAILED: not published"
@@ -304,21 +355,27 @@ def verify(
     figures: dict[str, float] = {}
     loaded, reload_check = reload(staging, model, plan)
     checks.append(reload_check)
-    if calibration.reference_path and loaded is not None:
-        logits_check, figures = check_logits(loaded, Path(calibration.reference_path), args)
+    reference = load_reference(calibration)
+    if reference and loaded is not None:
+        logits_check, figures = check_logits(loaded, reference, args)
         checks.append(logits_check)
     del loaded
+    served = None
+    if reference and all(check.passed for check in checks):  # vLLM last: the slowest check
+        vllm_check, served = check_vllm(staging, model, reference["input_ids"], args)
+        checks.append(vllm_check)
     result = Verification(
-        passed=all(check.passed for check in checks),
+        passed=all(check.passed or not check.checked for check in checks),
         checks=checks,
+        vllm=served,
         seconds=round(time.perf_counter() - started, 3),
         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         **figures,
     )
     log = run_logger(__name__)
     for check in checks:
-        (log.info if check.passed else log.error)(
-            "verify %s: %s: %s", check.name, "pass" if check.passed else "FAIL", check.detail
+        (log.info if check.passed else log.error if check.checked else log.warning)(
+            "verify %s: %s: %s", check.name, check.verdict(), check.detail
         )
     tracking.log_result(result)
     create_markdown_artifact(

@@ -28,6 +28,8 @@ os.environ.update(
     HF_HOME=str(_ROOT / "hf"),
     HF_HUB_OFFLINE="1",
     TOKENIZERS_PARALLELISM="false",
+    # vLLM serves outputs only in the tests that ask for it (`with_vllm`): it adds ~15 s a run.
+    COMPRESSFLOW_VLLM_PYTHON="off",
     # The test modules that define custom loaders and collators.
     COMPRESSFLOW_ALLOWED_IMPORTS="test_build_dataset,test_validate,test_compress_flow,test_architectures,test_memory",
 )
@@ -36,6 +38,25 @@ os.environ.update(
 @pytest.fixture(scope="session")
 def test_root() -> Path:
     return _ROOT
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    """The project's vLLM environment (`make vllm-env`); CI builds it, so there it must exist."""
+    from compressflow.settings import PROJECT_VLLM
+
+    if (PROJECT_VLLM / ".installed").exists():
+        return PROJECT_VLLM / "bin" / "python"
+    if os.environ.get("CI"):
+        pytest.fail("CI builds the vLLM environment first (make vllm-env); it is missing")
+    pytest.skip("no vLLM environment: `make vllm-env` builds it")
+
+
+@pytest.fixture()
+def with_vllm(vllm_python, monkeypatch) -> Path:
+    """Verify and evaluate-model serve outputs in the project's vLLM environment."""
+    monkeypatch.setenv("COMPRESSFLOW_VLLM_PYTHON", str(vllm_python))
+    return vllm_python
 
 
 @pytest.fixture(scope="session")
@@ -122,7 +143,12 @@ def w4a16_run(tiny_model, test_root, prefect_harness) -> SharedRun:
         tracking=TrackingArgs(task_name="tracking test"),
         calibration=CalibrationArgs(batch_size=4, moe_calibrate_all_experts=False),
     )
-    state = compress(**params, return_state=True)
+    from compressflow.settings import PROJECT_VLLM
+
+    built = (PROJECT_VLLM / ".installed").exists()
+    with pytest.MonkeyPatch.context() as env:  # served in vLLM where the environment is built
+        env.setenv("COMPRESSFLOW_VLLM_PYTHON", str(PROJECT_VLLM / "bin/python") if built else "off")
+        state = compress(**params, return_state=True)
     return SharedRun(params=params, state=state, published=state.result())
 
 

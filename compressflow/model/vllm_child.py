@@ -1,0 +1,89 @@
+"""Scores checkpoints with vLLM: run by the vLLM environment's Python, never imported by the flow.
+
+    <vllm python> vllm_child.py REQUEST.json RESULT.json
+
+The vLLM environment is not the flow's (vLLM pins its own compressed-tensors and torch, as a
+serving image does), so this file imports only vLLM and the standard library, and talks through
+two JSON files. REQUEST holds `models` ({name: folder}), `prompts` (token id lists),
+`max_model_len` and `trust_remote_code`. For each model, in order, RESULT gets either `positions`
+(per prompt, per next-token position: `[log-probability of the actual token, the most likely
+token]`) or `error`: the innermost exception's type and message, which
+is vLLM's root cause rather than its wrapper's "Engine core initialization failed".
+
+The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set by the caller): starting
+two engines here takes seconds, a separate engine process per model takes tens of seconds on CPU.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import time
+
+
+def root_cause(exc: BaseException) -> str:
+    """The innermost exception of the chain, one line: what actually went wrong."""
+    seen = set()
+    while id(exc) not in seen and (exc.__cause__ or exc.__context__):
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    message = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {message[-1] if message else ''}".strip()
+
+
+def score(path: str, request: dict) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    started = time.perf_counter()
+    llm = LLM(
+        model=path,
+        tokenizer=path,
+        dtype=request.get("dtype", "bfloat16"),
+        max_model_len=request["max_model_len"],
+        enforce_eager=True,
+        max_logprobs=1,
+        seed=0,
+        trust_remote_code=request.get("trust_remote_code", False),
+    )
+    loaded = time.perf_counter() - started
+    outputs = llm.generate(
+        [TokensPrompt(prompt_token_ids=ids) for ids in request["prompts"]],
+        SamplingParams(max_tokens=1, prompt_logprobs=1, temperature=0),
+        use_tqdm=False,
+    )
+    positions = [
+        [
+            [options[token].logprob, max(options, key=lambda t: options[t].logprob)]
+            for token, options in zip(
+                output.prompt_token_ids[1:], output.prompt_logprobs[1:], strict=True
+            )
+        ]
+        for output in outputs
+    ]
+    del llm
+    gc.collect()
+    return {
+        "positions": positions,
+        "load_seconds": round(loaded, 3),
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+def main(request_path: str, result_path: str) -> None:
+    import vllm
+
+    request = json.loads(open(request_path).read())
+    result = {"vllm_version": vllm.__version__, "models": {}}
+    for name, path in request["models"].items():
+        try:
+            result["models"][name] = score(path, request)
+        except Exception as exc:  # noqa: BLE001 - every refusal is reported, the next model runs
+            result["models"][name] = {"error": root_cause(exc)}
+        with open(result_path, "w") as handle:  # written as it goes: a crash keeps what was done
+            json.dump(result, handle)
+
+
+if __name__ == "__main__":  # vLLM may spawn workers, which re-import this file
+    main(sys.argv[1], sys.argv[2])
