@@ -64,6 +64,10 @@ class HubUnavailableError(CompressflowError, ConnectionError):
     """The hub answered 5xx or 429, or could not be reached: transient, so the fetch retries."""
 
 
+class EvaluationError(CompressflowError):
+    """The evaluation engine could not score a model."""
+
+
 class QualityThresholdExceeded(CompressflowError):
     """The compressed model lost more quality than the evaluation's thresholds allow."""
 

@@ -114,7 +114,11 @@ def run_stages(
 ) -> PublishedModel:
     """The pipeline: cheap stages first, so mistakes fail before any weights load."""
     log = run_logger(__name__)
-    require_vllm(verify_args.vllm)
+    require_vllm(
+        "verify.vllm",
+        verify_args.vllm == "required",
+        "set verify.vllm to auto (check where possible) or off",
+    )
     stages = Stages()
     warm_up(calibrate_here)  # calibration's process forks from it; imports overlap cheap stages
     resolved = resolve_inputs(stages.run, model, dataset, recipe, output, calibration)

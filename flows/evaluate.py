@@ -13,6 +13,7 @@ The evaluate-model deployment in prefect.yaml is triggered by `compressflow.mode
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from prefect import flow
 from prefect.artifacts import create_table_artifact
@@ -20,6 +21,7 @@ from prefect.artifacts import create_table_artifact
 from compressflow.blocks.clearml_settings import load_clearml_settings
 from compressflow.errors import InputError, QualityThresholdExceeded
 from compressflow.logs import run_logger
+from compressflow.model.serving import require_vllm
 from compressflow.params import (
     HeldOutArgs,
     LmEvalArgs,
@@ -68,7 +70,9 @@ def metric_rows(report: EvaluationReport, gate: QualityGate) -> list[dict]:
         {
             "metric": "KL(base || compressed), nats/token",
             "base": 0.0,
-            "compressed": significant(m.kl_divergence),
+            "compressed": "not measured by vLLM"
+            if m.kl_divergence is None
+            else significant(m.kl_divergence),
             "change": "",
             "limit": "none" if not kl_limit else f"max: {significant_text(kl_limit)} nats/token",
         },
@@ -114,6 +118,7 @@ def evaluate(
     lm_eval: LmEvalArgs = LmEvalArgs(),
     tracking: TrackingArgs = TrackingArgs(),
     compressed_by: str = "",
+    engine: Literal["transformers", "vllm"] = "transformers",
 ) -> EvaluationReport:
     """Score `compressed` against `base` on held-out text and apply the quality gate.
 
@@ -126,8 +131,11 @@ def evaluate(
         tracking: Where the run is logged in ClearML.
         compressed_by: Id of the compress-model flow run that published `compressed` (the
             trigger fills it); the two runs then link to each other.
+        engine: What scores both models: transformers, or vLLM (the server users deploy to;
+            needs the worker's vLLM environment, and reports no KL divergence).
     """
     check_lm_eval(lm_eval.tasks)
+    require_vllm("engine", engine == "vllm", "set engine to transformers")
     compressed_path = resolve_compressed(compressed)
     manifest = read_manifest(compressed_path)
     base = base or (manifest.base_model_args() if manifest else None)
@@ -144,6 +152,7 @@ def evaluate(
         "held_out": held_out.model_dump(),
         "gate": gate.model_dump(),
         "lm_eval": lm_eval.model_dump(),
+        "engine": {"engine": engine},
     }
     with track_flow_run(
         tracking,
@@ -165,7 +174,7 @@ def evaluate(
             [checkpoint_asset(compressed_path, scheme or "custom")],
             by="compressflow",
         )
-        metrics = compare(fetched, str(compressed_path), text)
+        metrics = compare(fetched, str(compressed_path), text, engine)
         scores = {
             name: run_lm_eval(path, lm_eval.tasks, lm_eval.limit or None, base.trust_remote_code)
             for name, path in (("base", fetched.path), ("compressed", str(compressed_path)))
@@ -187,7 +196,8 @@ def evaluate(
         tracker.scalar("perplexity", "base", metrics.base_perplexity)
         tracker.scalar("perplexity", "compressed", metrics.compressed_perplexity)
         for name in ("perplexity_increase_pct", "kl_divergence", "top1_agreement"):
-            tracker.single(name, getattr(metrics, name))
+            if getattr(metrics, name) is not None:
+                tracker.single(name, getattr(metrics, name))
         for model, values in scores.items():
             for name, value in values.items():
                 tracker.scalar(f"lm-eval {name}", model, value)

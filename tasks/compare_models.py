@@ -1,33 +1,59 @@
 """Compare models: scores the compressed model against its base on held-out text.
 
 Both models read the same tokenized samples; `compressflow.reporting.quality` says what is measured.
+The engine is transformers (both models in this process) or vLLM, the server users run on GPUs
+(`compressflow.model.serving`, in the vLLM environment): vLLM returns top tokens, not whole
+distributions, so its report has no KL divergence.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from compressflow.errors import EvaluationError
 from compressflow.logs import run_logger
+from compressflow.model.serving import serve_and_score
 from compressflow.reporting.quality import load_causal_lm, score
 from compressflow.results import FetchedModel, HeldOutText, QualityMetrics
 
 
+def score_in_vllm(base: FetchedModel, compressed_path: str, held_out: HeldOutText):
+    served = serve_and_score(base.path, compressed_path, held_out.input_ids, base.trust_remote_code)
+    if served.outcome != "served":
+        raise EvaluationError(
+            "engine",
+            f"vLLM did not score {compressed_path}: {served.outcome}: {served.reason}",
+            "evaluate with engine 'transformers' (it runs wherever the models load)",
+        )
+    return served.metrics
+
+
 @task(name="compare models", cache_policy=NO_CACHE)
 def compare_models(
-    base: FetchedModel, compressed_path: str, held_out: HeldOutText
+    base: FetchedModel,
+    compressed_path: str,
+    held_out: HeldOutText,
+    engine: Literal["transformers", "vllm"] = "transformers",
 ) -> QualityMetrics:
-    """Load both models (both must fit the visible devices) and score them on `held_out`."""
-    base_model = load_causal_lm(base.path, base.model_class, base.trust_remote_code)
-    compressed = load_causal_lm(compressed_path, base.model_class, base.trust_remote_code)
-    metrics = score(base_model, compressed, held_out.input_ids)
+    """Score both models on `held_out` with `engine` (transformers: both must fit the visible
+    devices at once; vLLM: one after the other)."""
+    if engine == "vllm":
+        metrics = score_in_vllm(base, compressed_path, held_out)
+    else:
+        base_model = load_causal_lm(base.path, base.model_class, base.trust_remote_code)
+        compressed = load_causal_lm(compressed_path, base.model_class, base.trust_remote_code)
+        metrics = score(base_model, compressed, held_out.input_ids)
+    kl = "" if metrics.kl_divergence is None else f", KL {metrics.kl_divergence:.5f} nats/token"
     run_logger(__name__).info(
-        "Perplexity %.3f -> %.3f (%+.2f%%), KL %.5f nats/token, top-1 agreement %.1f%% over "
-        "%d tokens",
+        "%s: perplexity %.3f -> %.3f (%+.2f%%)%s, top-1 agreement %.1f%% over %d tokens",
+        engine,
         metrics.base_perplexity,
         metrics.compressed_perplexity,
         metrics.perplexity_increase_pct,
-        metrics.kl_divergence,
+        kl,
         100 * metrics.top1_agreement,
         metrics.tokens,
     )

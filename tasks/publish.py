@@ -1,4 +1,4 @@
-"""Publish: writes recipe.yaml and manifest.json beside the calibrated checkpoint and seals it.
+"""Publish: writes recipe.yaml, manifest.json and the model card (README.md) beside the calibrated checkpoint and seals it.
 
 How a folder is sealed (one rename from staging) and what the manifest holds is the output
 store's business (`compressflow.store.manifest`); this stage assembles the manifest, seals, and shows
@@ -28,6 +28,7 @@ from compressflow.reporting.artifacts import (
     logit_figures,
     stage_table,
 )
+from compressflow.reporting.model_card import CARD, model_card, vllm_line
 from compressflow.results import (
     BuiltDataset,
     Calibration,
@@ -112,6 +113,7 @@ def summary_markdown(
         f"(original {published.original_size_bytes / 1e6:.1f} MB, "
         f"ratio {published.compression_ratio:.2f}x)\n"
         f"- **Verified**: {verified(manifest)}\n"
+        f"- **vLLM**: {vllm_line(manifest.verification.vllm if manifest.verification else None)}\n"
         f"{clearml}"
         f"- **Run key**: `{published.run_key}`\n\n"
         f"## Stages\n\n{stage_table(stages)}\n"
@@ -183,6 +185,8 @@ def publish(
     with disk_full_is_clear(staging):
         (staging / "recipe.yaml").write_text(recipe.yaml)
         write_manifest(staging, manifest)
+        card = model_card(manifest, target_path, Path(model.path), tracking.current().link())
+        (staging / CARD).write_text(card)
         seal(staging, target_path, output.overwrite)
     published = published_model(target_path, manifest, reused=False)
 
@@ -196,6 +200,7 @@ def publish(
     tracker = tracking.current()
     tracker.artifact("manifest", manifest.model_dump(mode="json"))
     tracker.artifact("recipe", str(target_path / "recipe.yaml"))
+    tracker.artifact("model card", str(target_path / CARD))
     tracker.register_model(
         target_path,
         name=target_path.name,

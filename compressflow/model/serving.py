@@ -51,14 +51,14 @@ def vllm_python() -> Path | None:
     return settings().vllm_python_path()
 
 
-def require_vllm(mode: str) -> None:
-    """Refuse a run that must be checked in vLLM on a worker without vLLM, before any work."""
-    if mode == "required" and vllm_python() is None:
+def require_vllm(field: str, needed: bool, instead: str) -> None:
+    """Refuse a run that needs vLLM on a worker without it, before any work starts."""
+    if needed and vllm_python() is None:
         raise InputError(
-            "verify.vllm",
-            f"verify.vllm is 'required', but this worker has {settings().vllm_missing_reason()}",
+            field,
+            f"{field} needs vLLM, but this worker has {settings().vllm_missing_reason()}",
             "build it (`make vllm-env`) or point COMPRESSFLOW_VLLM_PYTHON at the serving "
-            "image's Python; or set verify.vllm to auto (check where possible) or off",
+            f"image's Python; or {instead}",
         )
 
 
@@ -84,7 +84,7 @@ def child_environment() -> dict[str, str]:
 def last_error_lines(stderr: str, count: int = 3) -> str:
     lines = [line for line in stderr.splitlines() if line.strip()]
     errors = [line for line in lines if "Error" in line or "ERROR" in line] or lines
-    return " | ".join(line.strip()[:300] for line in errors[-count:])
+    return " / ".join(line.strip()[:300] for line in errors[-count:])
 
 
 def run_child(

@@ -82,7 +82,8 @@ def breaches(
             f"perplexity rose {metrics.perplexity_increase_pct:.2f}% "
             f"(limit {max_perplexity_increase_pct}%)"
         )
-    if max_kl and not metrics.kl_divergence <= max_kl:  # NaN counts as a breach
+    kl = metrics.kl_divergence  # None: the engine (vLLM) does not measure it
+    if max_kl and kl is not None and not kl <= max_kl:  # NaN counts as a breach
         found.append(f"KL divergence {metrics.kl_divergence:.5f} nats/token (limit {max_kl})")
     return found
 

@@ -1,0 +1,127 @@
+"""The model card: `README.md` in every published folder, as a Hugging Face model page shows it.
+
+Its YAML front matter (written by huggingface_hub's ModelCardData, not by hand) carries what the
+hub indexes: the base model, the library, the tags (the scheme, `compressed-tensors`) and the
+license carried from the source's own card. The body says what was done, how the output was
+proven (verification, and vLLM's score where a vLLM environment served it), sizes, the command
+that serves it and where it came from. Everything is read from the manifest, so the card and
+`manifest.json` cannot disagree.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from compressflow.limits import MAX_TEXT_BYTES
+from compressflow.reporting.artifacts import display_name
+from compressflow.results import ServingCheck, Verification
+from compressflow.store.manifest import Manifest
+
+CARD = "README.md"
+
+
+def source_license(source: Path) -> str | None:
+    """The license in the source's own card; None when it has none we can read.
+
+    The source's card is input nobody here wrote: a large or malformed one is ignored, never
+    fatal (the output is already verified; a missing license line is not a reason to refuse it).
+    """
+    from huggingface_hub import ModelCard
+
+    card = source / CARD
+    if not card.is_file() or card.stat().st_size > MAX_TEXT_BYTES:
+        return None
+    try:
+        license = ModelCard.load(card).data.license
+    except (ValueError, OSError):  # huggingface_hub raises ValueError for bad front matter
+        return None
+    return license if isinstance(license, str) else None
+
+
+def vllm_line(served: ServingCheck | None) -> str:
+    if served is None:
+        return "not run"
+    if served.outcome != "served":
+        return f"{served.outcome}: {served.reason}"
+    m = served.metrics
+    return (
+        f"served by vLLM {served.vllm_version}; perplexity {m.base_perplexity:.4g} (base) -> "
+        f"{m.compressed_perplexity:.4g}, recovery {100 * m.base_perplexity / m.compressed_perplexity:.1f}%"
+        f", top-1 agreement {m.top1_agreement:.1%} over {m.tokens} held-out tokens"
+    )
+
+
+def cell(text: str) -> str:
+    """Text inside a table cell: a `|` in a library's message would end the cell."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def verification_rows(verification: Verification | None) -> str:
+    if verification is None:
+        return "Not verified.\n"
+    rows = "\n".join(
+        f"| {check.name} | {check.verdict()} | {cell(check.detail)} |"
+        for check in verification.checks
+    )
+    return f"| check | result | detail |\n|---|---|---|\n{rows}\n"
+
+
+def calibration_lines(manifest: Manifest) -> str:
+    dataset, given = manifest.dataset, manifest.inputs.get("dataset", {})
+    if not dataset:
+        return "- **Calibration data**: none (the recipe needs none)\n"
+    stats = dataset["token_stats"]
+    return (
+        f"- **Calibration data**: {dataset['num_samples']} samples from `{dataset['source']}`, "
+        f"at most {given.get('max_seq_len')} tokens each ({stats['total']:.0f} tokens), "
+        f"sampled with seed {given.get('seed')}\n"
+    )
+
+
+def model_card(manifest: Manifest, folder: Path, source: Path, run_link: str | None) -> str:
+    """The card's full text for the published `folder`, made from `source`."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    model, result = manifest.model, manifest.result
+    scheme = result.scheme or "none"
+    hub_base = model["model_id"] if model["source"] == "hub" else None
+    data = ModelCardData(
+        base_model=hub_base,
+        base_model_relation="quantized" if hub_base and result.scheme else None,
+        library_name="transformers",
+        license=source_license(source),
+        pipeline_tag="text-generation",
+        tags=[
+            t for t in ("compressed-tensors", "llm-compressor", "compressflow", result.scheme) if t
+        ],
+    )
+    served = manifest.verification.vllm if manifest.verification else None
+    revision = model.get("revision_resolved")
+    libraries = ", ".join(f"{name} {version}" for name, version in manifest.libraries.items())
+    body = (
+        f"# {display_name(model['model_id'], manifest.recipe['source'])}\n\n"
+        f"`{model['model_id']}` compressed to **{scheme}** with llm-compressor, by compressflow.\n\n"
+        "## What was done\n\n"
+        f"- **Recipe**: `{manifest.recipe['source']}` ({', '.join(manifest.recipe['modifiers'])}"
+        f"), in `recipe.yaml` beside the weights\n"
+        f"{calibration_lines(manifest)}"
+        f"- **Libraries**: {libraries}\n\n"
+        "## Quality\n\n"
+        f"- **vLLM**: {vllm_line(served)}\n\n"
+        f"{verification_rows(manifest.verification)}\n"
+        "## Size\n\n"
+        f"{result.size_bytes / 1e6:.1f} MB, from {result.original_size_bytes / 1e6:.1f} MB "
+        f"({result.compression_ratio:.2f}x smaller).\n\n"
+        "## Serve it\n\n"
+        f"```bash\nvllm serve {shlex.quote(str(folder))}\n```\n\n"
+        "## Lineage\n\n"
+        f"- **Base model**: `{model['model_id']}`"
+        + (f" at revision `{revision}`" if revision else "")
+        + f" (`{model['identity']}`)\n"
+        f"- **Run key**: `{result.run_key}`, published {manifest.created_at}\n"
+        + (f"- **Run**: {run_link}\n" if run_link else "")
+        + "- **Manifest**: `manifest.json` holds every figure above and the run's parameters\n"
+    )
+    # Not a template: names in the body (a model id, a path) are text, never template code.
+    return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}"))
