@@ -2,7 +2,8 @@
 
 Builds the demo model under .demo/ if it is missing, runs the compress-model flow on Prefect's
 local backend with ClearML offline, and prints where the result is, its size against the
-original and the time each stage took. Pass a hub model id to compress that model instead:
+original, what vLLM made of it (with `make vllm-env`), its model card and the time each stage
+took. Pass a hub model id to compress that model instead:
 `python -m compressflow.demo meta-llama/Llama-3.2-1B-Instruct` (needs network, and a token for gated models).
 """
 
@@ -33,6 +34,8 @@ def main() -> None:
 
     from compressflow.flows.compress import compress
     from compressflow.params import DatasetArgs, ModelArgs, RecipeArgs
+    from compressflow.reporting.model_card import CARD, vllm_line
+    from compressflow.store.manifest import read_manifest
 
     published = compress(
         model=ModelArgs(model_id=options.model_id),
@@ -50,6 +53,9 @@ def main() -> None:
         f"({published.compression_ratio:.2f}x smaller)"
         + ("  [reused: same model, data and recipe as an earlier run]" if published.reused else "")
     )
+    manifest = read_manifest(Path(published.path))
+    print(f"vLLM: {vllm_line(manifest.verification.vllm if manifest.verification else None)}")
+    print(f"Model card: {Path(published.path, CARD)}")
     print("Stage times:")
     for stage in published.stages:
         print(f"  {stage.name:<20} {stage.seconds:8.2f} s{'  (cached)' if stage.cached else ''}")

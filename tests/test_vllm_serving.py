@@ -171,3 +171,14 @@ def test_evaluating_with_vllm_without_it_is_refused_first(w4a16_run, monkeypatch
     monkeypatch.setenv("COMPRESSFLOW_VLLM_PYTHON", "off")
     with pytest.raises(InputError, match="engine needs vLLM"):
         evaluate(compressed=ModelArgs(model_id=w4a16_run.published.path), engine="vllm")
+
+
+def test_prompts_fit_the_context_the_model_declares(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 48}))
+    assert serving.max_positions(tmp_path) == 48
+    (tmp_path / "config.json").write_text(
+        json.dumps({"text_config": {"max_position_embeddings": 9}})
+    )
+    assert serving.max_positions(tmp_path) == 9
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": "many"}))
+    assert serving.max_positions(tmp_path) > 1 << 16

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from compressflow.errors import InputError
+from compressflow.limits import read_json
 from compressflow.results import QualityMetrics, ServingCheck
 from compressflow.settings import settings
 
@@ -150,6 +151,14 @@ def compare(base: list, compressed: list) -> QualityMetrics:
     )
 
 
+def max_positions(folder: Path) -> int:
+    """The context length config.json declares (a multimodal model's text config's)."""
+    config = read_json(folder / "config.json", "model.model_id")
+    text = config.get("text_config") or {}
+    found = config.get("max_position_embeddings") or text.get("max_position_embeddings")
+    return found if isinstance(found, int) and found > 1 else 1 << 20
+
+
 def serve_and_score(
     base: str, compressed: str, prompts: list[list[int]], trust_remote_code: bool = False
 ) -> ServingCheck:
@@ -159,9 +168,10 @@ def serve_and_score(
     if python is None:
         return ServingCheck(outcome="not checked", reason=settings().vllm_missing_reason())
     started = time.perf_counter()
+    longest = max_positions(Path(compressed)) - 1  # vLLM refuses a longer max_model_len
     output, stderr = run_child(
         {"base": str(Path(base).resolve()), "compressed": str(Path(compressed).resolve())},
-        prompts,
+        [ids[:longest] for ids in prompts],
         trust_remote_code,
         python,
     )
