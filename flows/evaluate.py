@@ -45,6 +45,7 @@ from compressflow.reporting.lineage import (
     link_runs,
     materializing,
 )
+from compressflow.reporting.model_card import CARD, add_evaluation, evaluation_section
 from compressflow.reporting.quality import breaches
 from compressflow.reporting.tracking import track_flow_run
 from compressflow.results import EvaluationReport
@@ -210,6 +211,11 @@ def evaluate(
             description=f"{Path(report.compressed_path).name} against {base.model_id}: {verdict}",
         )
     report.tracking = tracker.status()
+    # Only the card of a folder given as a folder: a hub or ClearML copy is a cache, not ours.
+    given_as_folder = not compressed.clearml_model and Path(compressed.model_id).exists()
+    section = evaluation_section(report, base.model_id, engine)
+    if given_as_folder and add_evaluation(compressed_path, section):
+        run_logger(__name__).info("Added the evaluation to %s", compressed_path / CARD)
     apply_gate(found, compressed_path, gate)
     return report
 

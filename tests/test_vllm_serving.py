@@ -78,6 +78,59 @@ def test_the_vllm_environment_is_a_setting(tmp_path, monkeypatch):
     assert Settings(vllm_python="").vllm_python_path() == tmp_path / ".venv-vllm/bin/python"
 
 
+def test_the_base_score_is_kept_once_per_base_prompts_and_vllm(tmp_path, monkeypatch, vllm_python):
+    monkeypatch.setenv("COMPRESSFLOW_CACHE_DIR", str(tmp_path / "cache"))
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    key = serving.base_score_key(base, [[1, 2, 3]], False, vllm_python)
+    assert key and serving.cached_base_score(key) is None
+    score = {"positions": [[[-1.0, 5], [-2.0, 6]]], "load_seconds": 3.0, "seconds": 4.0}
+    serving.store_base_score(key, score)
+    assert serving.cached_base_score(key) == {"positions": score["positions"]}
+    # Stored under the cache dir, as plain JSON (nothing to unpickle).
+    (entry,) = (tmp_path / "cache" / serving.BASE_SCORES).iterdir()
+    assert json.loads(entry.read_text()) == {"positions": score["positions"]}
+    # Other prompts, another way of loading, or the base edited in place: another key.
+    assert serving.base_score_key(base, [[1, 2, 4]], False, vllm_python) != key
+    assert serving.base_score_key(base, [[1, 2, 3]], True, vllm_python) != key
+    (base / "config.json").write_text('{"edited": 1}')
+    assert serving.base_score_key(base, [[1, 2, 3]], False, vllm_python) != key
+    # A damaged entry is no score (scored again, then rewritten); a failed scoring is not kept.
+    entry.write_text('{"positions": [[')
+    assert serving.cached_base_score(key) is None
+    serving.store_base_score(key, {"error": "ValueError: no"})
+    assert serving.cached_base_score(key) is None
+
+
+def test_no_base_score_is_kept_without_a_vllm_version_or_a_local_base(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setenv("COMPRESSFLOW_CACHE_DIR", str(tmp_path / "cache"))
+    # The flow's own Python has no vLLM: its version is unknown, so nothing is keyed.
+    assert serving.installed_vllm_version(Path(sys.executable)) is None
+    assert serving.base_score_key(tmp_path, [[1]], False, Path(sys.executable)) is None
+    assert serving.base_score_key(tmp_path / "missing", [[1]], False, Path(sys.executable)) is None
+    assert serving.cached_base_score(None) is None
+    serving.store_base_score(None, {"positions": []})
+    assert not (tmp_path / "cache").exists()
+
+
+def test_only_the_newest_base_scores_are_kept(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setenv("COMPRESSFLOW_CACHE_DIR", str(tmp_path))
+    for age, key in enumerate(["c", "b", "a"]):  # a is the oldest
+        serving.store_base_score(key, {"positions": []})
+        os.utime(tmp_path / serving.BASE_SCORES / f"{key}.json", (1000 - age, 1000 - age))
+    monkeypatch.setattr(serving, "BASE_SCORES_KEPT", 2)
+    serving.store_base_score("d", {"positions": []})
+    assert sorted(p.name for p in (tmp_path / serving.BASE_SCORES).iterdir()) == [
+        "c.json",
+        "d.json",
+    ]
+
+
 def test_without_an_environment_the_check_is_not_run_and_says_why(monkeypatch):
     monkeypatch.setenv("COMPRESSFLOW_VLLM_PYTHON", "off")
     served = serve_and_score("/base", "/compressed", [[1, 2, 3]])

@@ -3,7 +3,8 @@
 Starts the end-to-end stack the tests use (a real `prefect server`, the README's deploy commands,
 a worker), runs the `compress` deployment on the tiny demo model, and photographs with Debian's
 headless `chromium` (no driver, no Python browser package): the Custom run form, the finished
-run's page, its summary artifact, and the Artifacts page. The PNGs land in docs/screenshots/.
+run's page, its summary and verification artifacts (with vLLM's verdict when `make vllm-env`
+built vLLM), the Artifacts page, and evaluate-model's run form. The PNGs land in docs/screenshots/.
 """
 
 from __future__ import annotations
@@ -69,7 +70,13 @@ def main() -> None:
             ):
                 deployment = client.read_deployment_by_name("compress-model/compress")
                 shoot(
-                    f"{ui}/deployments/deployment/{deployment.id}/run", OUT / "run-form.png", 5200
+                    f"{ui}/deployments/deployment/{deployment.id}/run", OUT / "run-form.png", 6600
+                )
+                evaluation = client.read_deployment_by_name("evaluate-model/evaluate")
+                shoot(
+                    f"{ui}/deployments/deployment/{evaluation.id}/run",
+                    OUT / "evaluate-form.png",
+                    3900,
                 )
                 run = client.create_flow_run_from_deployment(
                     deployment.id,
@@ -88,12 +95,13 @@ def main() -> None:
                 time.sleep(2)  # the artifacts are written by the worker's run: let them land
                 shoot(f"{ui}/runs/flow-run/{run.id}", OUT / "run.png", 1100)
                 shoot(f"{ui}/artifacts", OUT / "artifacts-page.png", 900)
-                summary = next(
-                    a
-                    for a in client.read_artifacts()
-                    if a.key and a.key.endswith("-summary") and a.flow_run_id == run.id
-                )
-                shoot(f"{ui}/artifacts/artifact/{summary.id}", OUT / "summary-artifact.png", 2000)
+                for kind in ("summary", "verification"):
+                    found = next(
+                        a
+                        for a in client.read_artifacts()
+                        if a.key and a.key.endswith(f"-{kind}") and a.flow_run_id == run.id
+                    )
+                    shoot(f"{ui}/artifacts/artifact/{found.id}", OUT / f"{kind}-artifact.png", 1400)
 
 
 if __name__ == "__main__":

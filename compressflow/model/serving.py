@@ -11,10 +11,16 @@ What vLLM says ends in one of three outcomes:
 - not checked here: this host's vLLM build has no kernel for the scheme (FP4 or quantized MoE
   experts on CPU) or cannot serve the base model at all; never a pass, never a failure;
 - refused: vLLM would not load the output, with its own root-cause line.
+
+The base model's score is kept under the cache dir (`vllm-base-scores/`), keyed by the base
+folder's files (name, size, mtime), the prompts and the vLLM environment and version: the three
+presets of one model, or a re-run, load the base in vLLM once (about half of the check's time).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import math
 import os
@@ -80,6 +86,93 @@ def child_environment() -> dict[str, str]:
         TOKENIZERS_PARALLELISM="false",
     )
     return env
+
+
+BASE_SCORES = "vllm-base-scores"  # folder under settings().cache_dir
+BASE_SCORES_KEPT = 64  # newest entries kept; each is a few kB (one pair of numbers a position)
+
+
+@functools.cache
+def installed_vllm_version(python: Path) -> str | None:
+    """The vLLM version installed for `python`, read from its package metadata (no vLLM import,
+    well under a second); None when it cannot be read, and then nothing is cached."""
+    script = (
+        "from importlib.metadata import packages_distributions, version; "
+        "print(version(packages_distributions()['vllm'][0]))"
+    )
+    try:
+        found = subprocess.run(
+            [str(python), "-c", script], capture_output=True, text=True, timeout=60, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return found.stdout.strip() or None
+
+
+def folder_signature(folder: Path) -> list[str]:
+    """(relative name, size, mtime) of every file under `folder`: cheap on a large model, and
+    any change to a file in place changes one of them."""
+    signature = []
+    for path in sorted(path for path in folder.rglob("*") if path.is_file()):
+        stat = path.stat()
+        signature.append(f"{path.relative_to(folder)}:{stat.st_size}:{stat.st_mtime_ns}")
+    return signature
+
+
+def base_score_key(
+    base: Path, prompts: list[list[int]], trust_remote_code: bool, python: Path
+) -> str | None:
+    """What a base model's vLLM score depends on, hashed; None when the vLLM version is unknown
+    or the base is not a local folder."""
+    version = installed_vllm_version(python)
+    if version is None or not base.is_dir():
+        return None
+    identity = {
+        "base": str(base),
+        "files": folder_signature(base),
+        "prompts": prompts,
+        "trust_remote_code": trust_remote_code,
+        "python": str(python),
+        "vllm": version,
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def base_scores_dir() -> Path:
+    return settings().cache_dir.expanduser() / BASE_SCORES
+
+
+def cached_base_score(key: str | None) -> dict | None:
+    """The base model's stored score ({"positions": ...}); None when there is none to use."""
+    if key is None:
+        return None
+    try:
+        score = json.loads((base_scores_dir() / f"{key}.json").read_text())
+    except (OSError, ValueError):  # none yet, or damaged: scored again, and then rewritten
+        return None
+    return score if isinstance(score, dict) and "positions" in score else None
+
+
+def store_base_score(key: str | None, score: dict) -> None:
+    """Keep a base model's score (written whole, then renamed), and the newest entries only."""
+    if key is None or "positions" not in score:
+        return
+    folder = base_scores_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / f"{key}.json.{os.getpid()}.partial"
+    partial.write_text(json.dumps({"positions": score["positions"]}))
+    os.replace(partial, folder / f"{key}.json")
+    entries = sorted(folder.glob("*.json"), key=modified, reverse=True)
+    for stale in entries[BASE_SCORES_KEPT:]:
+        stale.unlink(missing_ok=True)
+
+
+def modified(path: Path) -> float:
+    """A file's mtime; 0 for one another process removed meanwhile."""
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
 
 
 def last_error_lines(stderr: str, count: int = 3) -> str:
@@ -169,9 +262,16 @@ def serve_and_score(
         return ServingCheck(outcome="not checked", reason=settings().vllm_missing_reason())
     started = time.perf_counter()
     longest = max_positions(Path(compressed)) - 1  # vLLM refuses a longer max_model_len
+    prompts = [ids[:longest] for ids in prompts]
+    base_path = Path(base).resolve()
+    key = base_score_key(base_path, prompts, trust_remote_code, python)
+    cached = cached_base_score(key)  # the same base for every preset: scored once
     output, stderr = run_child(
-        {"base": str(Path(base).resolve()), "compressed": str(Path(compressed).resolve())},
-        [ids[:longest] for ids in prompts],
+        {
+            **({} if cached else {"base": str(base_path)}),
+            "compressed": str(Path(compressed).resolve()),
+        },
+        prompts,
         trust_remote_code,
         python,
     )
@@ -183,6 +283,10 @@ def serve_and_score(
         )
     models = output.get("models", {})
     found = {name: models.get(name) or {"error": last_error_lines(stderr)} for name in models}
+    if cached:
+        found["base"] = cached
+    else:
+        store_base_score(key, found.get("base", {}))
     for name in ("base", "compressed"):  # a child that died wrote nothing for the rest
         found.setdefault(name, {"error": last_error_lines(stderr)})
     common = dict(

@@ -5,18 +5,20 @@ hub indexes: the base model, the library, the tags (the scheme, `compressed-tens
 license carried from the source's own card. The body says what was done, how the output was
 proven (verification, and vLLM's score where a vLLM environment served it), sizes, the command
 that serves it and where it came from. Everything is read from the manifest, so the card and
-`manifest.json` cannot disagree.
+`manifest.json` cannot disagree. evaluate-model adds its results as a section of their own
+(`add_evaluation`), replaced by the next evaluation.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 
 from compressflow.limits import MAX_TEXT_BYTES
 from compressflow.reporting.artifacts import display_name
-from compressflow.results import ServingCheck, Verification
-from compressflow.store.manifest import Manifest
+from compressflow.results import EvaluationReport, ServingCheck, Verification
+from compressflow.store.manifest import Manifest, read_manifest
 
 CARD = "README.md"
 
@@ -27,6 +29,7 @@ def source_license(source: Path) -> str | None:
     The source's card is input nobody here wrote: a large or malformed one is ignored, never
     fatal (the output is already verified; a missing license line is not a reason to refuse it).
     """
+    import yaml
     from huggingface_hub import ModelCard
 
     card = source / CARD
@@ -34,7 +37,7 @@ def source_license(source: Path) -> str | None:
         return None
     try:
         license = ModelCard.load(card).data.license
-    except (ValueError, OSError):  # huggingface_hub raises ValueError for bad front matter
+    except (ValueError, OSError, yaml.YAMLError):  # front matter that is not a mapping, or not YAML
         return None
     return license if isinstance(license, str) else None
 
@@ -125,3 +128,59 @@ def model_card(manifest: Manifest, folder: Path, source: Path, run_link: str | N
     )
     # Not a template: names in the body (a model id, a path) are text, never template code.
     return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}"))
+
+
+# The evaluation section's bounds: a later evaluation replaces the earlier one's section.
+EVALUATION_START = "<!-- compressflow: evaluation -->"
+EVALUATION_END = "<!-- compressflow: end of evaluation -->"
+
+
+def evaluation_section(report: EvaluationReport, base_id: str, engine: str) -> str:
+    m = report.metrics
+    kl = "not measured (vLLM)" if m.kl_divergence is None else f"{m.kl_divergence:.4g} nats/token"
+    rows = [
+        f"| perplexity | {m.base_perplexity:.4g} | {m.compressed_perplexity:.4g} | "
+        f"{100 * m.base_perplexity / m.compressed_perplexity:.1f}% |",
+        f"| top-1 agreement | 100% | {m.top1_agreement:.1%} | |",
+        f"| KL(base \\|\\| compressed) | 0 | {kl} | |",
+    ]
+    base = report.lm_eval.get("base", {})
+    for name, value in report.lm_eval.get("compressed", {}).items():
+        recovery = f"{100 * value / base[name]:.1f}%" if base.get(name) else ""
+        rows.append(f"| lm-eval {name} | {base.get(name, '')} | {value:.4g} | {recovery} |")
+    verdict = "within the gate" if report.passed else "OVER THE GATE: " + "; ".join(report.breaches)
+    return (
+        f"{EVALUATION_START}\n## Evaluation\n\n"
+        f"Against `{base_id}` on {m.samples} held-out texts ({m.tokens} tokens, "
+        f"{report.excluded_calibration_samples} calibration texts left out) from "
+        f"`{report.held_out_source}`, scored by {engine}: {verdict}.\n\n"
+        "| metric | base | compressed | recovery |\n|---|---|---|---|\n"
+        + "\n".join(rows)
+        + f"\n{EVALUATION_END}\n"
+    )
+
+
+def with_evaluation(card: str, section: str) -> str:
+    """`card` with `section` in place of an earlier evaluation's, or appended."""
+    start, end = card.find(EVALUATION_START), card.find(EVALUATION_END)
+    if start >= 0 and end > start:
+        return card[:start] + section + card[end + len(EVALUATION_END) + 1 :]
+    return card.rstrip("\n") + "\n\n" + section
+
+
+def add_evaluation(folder: Path, section: str) -> bool:
+    """Write `section` into the card of a folder compressflow published; False when the folder
+    is not one (no manifest, or no card of ours): a model we did not publish is never written."""
+    card = folder / CARD
+    if read_manifest(folder) is None or card.is_symlink() or not card.is_file():
+        return False
+    text = card.read_text(encoding="utf-8")
+    if "compressflow" not in text:
+        return False
+    staged = folder / f".{CARD}.{os.getpid()}.tmp"
+    try:
+        staged.write_text(with_evaluation(text, section), encoding="utf-8")
+        os.replace(staged, card)  # atomic: a reader sees the old card or the new one
+    finally:
+        staged.unlink(missing_ok=True)  # gone after the rename; a half-written copy otherwise
+    return True

@@ -1,0 +1,88 @@
+"""The model card: Hugging Face front matter, the license carried from the source, and the
+evaluation section evaluate-model adds to a folder compressflow published (and to no other)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from compressflow.reporting.model_card import (
+    CARD,
+    EVALUATION_START,
+    add_evaluation,
+    source_license,
+    with_evaluation,
+)
+
+
+def test_the_license_comes_from_the_sources_own_card(tmp_path):
+    (tmp_path / CARD).write_text("---\nlicense: apache-2.0\ntags: [a]\n---\n\n# Model\n")
+    assert source_license(tmp_path) == "apache-2.0"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "---\nlicense: [unclosed\n---\n",  # malformed front matter
+        "# no front matter\n",
+        "---\n" + "x: 1\n" * 400_000 + "---\n",  # larger than any card: not parsed
+    ],
+)
+def test_a_card_we_cannot_read_names_no_license(tmp_path, text):
+    (tmp_path / CARD).write_text(text)
+    assert source_license(tmp_path) is None
+
+
+def test_a_later_evaluation_replaces_the_earlier_section():
+    card = "# Card\n\nbody\n"
+    once = with_evaluation(
+        card, f"{EVALUATION_START}\nfirst\n<!-- compressflow: end of evaluation -->\n"
+    )
+    twice = with_evaluation(
+        once, f"{EVALUATION_START}\nsecond\n<!-- compressflow: end of evaluation -->\n"
+    )
+    assert twice.count(EVALUATION_START) == 1 and "second" in twice and "first" not in twice
+    assert twice.startswith(card.rstrip("\n"))
+
+
+def test_a_folder_compressflow_did_not_publish_is_never_written(tmp_path):
+    user = tmp_path / "user-model"
+    user.mkdir()
+    (user / CARD).write_text("# The user's own card, mentioning compressflow\n")
+    before = (user / CARD).read_bytes()
+    assert not add_evaluation(user, "section")
+    assert (user / CARD).read_bytes() == before and sorted(p.name for p in user.iterdir()) == [CARD]
+
+
+def test_a_symlinked_card_is_not_followed(w4a16_run, tmp_path):
+    import shutil
+
+    folder = tmp_path / "published"
+    shutil.copytree(w4a16_run.published.path, folder)
+    elsewhere = tmp_path / "elsewhere.md"
+    elsewhere.write_text("not ours")
+    (folder / CARD).unlink()
+    (folder / CARD).symlink_to(elsewhere)
+    assert not add_evaluation(folder, "section") and elsewhere.read_text() == "not ours"
+
+
+def test_evaluate_model_adds_its_results_to_the_card(w4a16_run, tmp_path):
+    import shutil
+
+    from huggingface_hub import ModelCard
+
+    from compressflow.flows.evaluate import evaluate
+    from compressflow.params import HeldOutArgs, ModelArgs
+
+    folder = tmp_path / "published"  # a copy: the shared run's card stays as published
+    shutil.copytree(w4a16_run.published.path, folder)
+    report = evaluate(
+        compressed=ModelArgs(model_id=str(folder)), held_out=HeldOutArgs(samples=4, max_seq_len=64)
+    )
+    card = ModelCard.load(folder / CARD)
+    assert card.text.count("## Evaluation") == 1 and "scored by transformers" in card.text
+    assert f"{report.metrics.compressed_perplexity:.4g}" in card.text
+    assert "W4A16" in card.data.tags  # the front matter survived
+    assert not list(folder.glob(".*.tmp"))
+    assert json.loads((folder / "manifest.json").read_text())["result"]["scheme"] == "W4A16"
