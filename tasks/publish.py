@@ -21,14 +21,11 @@ from compressflow.params import OutputArgs
 from compressflow.reporting import tracking
 from compressflow.reporting.artifacts import (
     artifact_key,
-    display_name,
     duration,
     layer_error_table,
-    location_markdown,
-    logit_figures,
     stage_table,
 )
-from compressflow.reporting.model_card import CARD, model_card, vllm_line
+from compressflow.reporting.model_card import CARD, card_body, model_card
 from compressflow.results import (
     BuiltDataset,
     Calibration,
@@ -51,23 +48,6 @@ from compressflow.store.manifest import (
 )
 
 
-def verified(manifest: Manifest) -> str:
-    check = manifest.verification
-    if check is None:
-        return "no"
-    figures = logit_figures(check)
-    return f"{'yes' if check.passed else 'NO'}: {len(check.checks)} checks" + (
-        f" ({figures})" if figures else ""
-    )
-
-
-def base_model_line(model: dict) -> str:
-    """The id or folder the user gave, then where it resolved to: what the hash identity hides."""
-    resolved = model.get("revision_resolved")
-    detail = f"revision `{resolved}`" if resolved else f"`{model['identity']}`"
-    return f"`{model['model_id']}` ({model['source']}, {detail})"
-
-
 def summary_key(manifest: Manifest) -> str:
     return artifact_key(manifest.model["model_id"], manifest.recipe["source"], "summary")
 
@@ -78,17 +58,14 @@ def summary_markdown(
     stages: list[StageRecord],
     tracking_link: str | None,
 ) -> str:
-    """What a person reads after the run; `stages` are this run's, which a reused output's
-    manifest does not hold."""
-    name = display_name(manifest.model["model_id"], manifest.recipe["source"])
+    """What a person reads after the run: the model card's body, then this run's stages and
+    GPTQ's per-module figures; `stages` are this run's, which a reused output's manifest does
+    not hold."""
     reused = (
         f"> **Reused**: published earlier by another run, at {manifest.created_at}; this run "
         "found it made from the same inputs and did not calibrate.\n\n"
         if published.reused
         else ""
-    )
-    clearml = (
-        f"- **ClearML**: {location_markdown(tracking_link, 'task page')}\n" if tracking_link else ""
     )
     layers = (
         f"\n## Quantization error per module\n\n{layer_error_table(manifest.modules)}\n"
@@ -103,22 +80,8 @@ def summary_markdown(
             f"{duration(slowest.seconds)}. All of them are in `manifest.json` (`layers`) and "
             "ClearML (`calibration seconds by subgraph`).\n"
         )
-    return (
-        f"# Compressed model: {name}\n\n"
-        f"{reused}"
-        f"- **Output**: `{published.path}`\n"
-        f"- **Base model**: {base_model_line(manifest.model)}\n"
-        f"- **Recipe**: `{manifest.recipe['source']}`, scheme {published.scheme or 'none'}\n"
-        f"- **Size**: {published.size_bytes / 1e6:.1f} MB "
-        f"(original {published.original_size_bytes / 1e6:.1f} MB, "
-        f"ratio {published.compression_ratio:.2f}x)\n"
-        f"- **Verified**: {verified(manifest)}\n"
-        f"- **vLLM**: {vllm_line(manifest.verification.vllm if manifest.verification else None)}\n"
-        f"{clearml}"
-        f"- **Run key**: `{published.run_key}`\n\n"
-        f"## Stages\n\n{stage_table(stages)}\n"
-        f"{layers}"
-    )
+    card = card_body(manifest, Path(published.path), tracking_link, show_output=True)
+    return f"{reused}{card}\n## Stages\n\n{stage_table(stages)}\n{layers}"
 
 
 def create_summary(

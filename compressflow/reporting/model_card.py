@@ -16,7 +16,7 @@ import shlex
 from pathlib import Path
 
 from compressflow.limits import MAX_TEXT_BYTES
-from compressflow.reporting.artifacts import display_name
+from compressflow.reporting.artifacts import display_name, location_markdown, logit_figures
 from compressflow.results import EvaluationReport, ServingCheck, Verification
 from compressflow.store.manifest import Manifest, read_manifest
 
@@ -82,13 +82,60 @@ def calibration_lines(manifest: Manifest) -> str:
     )
 
 
+def verified(verification: Verification | None) -> str:
+    if verification is None:
+        return "no"
+    figures = logit_figures(verification)
+    return f"{'yes' if verification.passed else 'NO'}: {len(verification.checks)} checks" + (
+        f" ({figures})" if figures else ""
+    )
+
+
+def base_model_line(model: dict) -> str:
+    """The id or folder the user gave, then where it resolved to: what the hash identity hides."""
+    resolved = model.get("revision_resolved")
+    detail = f"revision `{resolved}`" if resolved else f"`{model['identity']}`"
+    return f"`{model['model_id']}` ({model['source']}, {detail})"
+
+
+def card_body(
+    manifest: Manifest, folder: Path, run_link: str | None, show_output: bool = False
+) -> str:
+    """The card without its front matter: also the body of the run's Prefect summary, which
+    names the output folder (`show_output`); the card lives in that folder."""
+    model, result = manifest.model, manifest.result
+    served = manifest.verification.vllm if manifest.verification else None
+    libraries = ", ".join(f"{name} {version}" for name, version in manifest.libraries.items())
+    modifiers = ", ".join(manifest.recipe.get("modifiers", []))
+    run = f"- **ClearML**: {location_markdown(run_link, 'task page')}\n" if run_link else ""
+    return (
+        f"# Compressed model: {display_name(model['model_id'], manifest.recipe['source'])}\n\n"
+        + (f"- **Output**: `{folder}`\n" if show_output else "")
+        + f"- **Base model**: {base_model_line(model)}\n"
+        f"- **Recipe**: `{manifest.recipe['source']}`"
+        + (f" ({modifiers})" if modifiers else "")
+        + f", scheme {result.scheme or 'none'}; `recipe.yaml` beside the weights\n"
+        f"{calibration_lines(manifest)}"
+        f"- **Size**: {result.size_bytes / 1e6:.1f} MB (original "
+        f"{result.original_size_bytes / 1e6:.1f} MB, ratio {result.compression_ratio:.2f}x)\n"
+        f"- **Verified**: {verified(manifest.verification)}\n"
+        f"- **vLLM**: {vllm_line(served)}\n"
+        f"{run}"
+        f"- **Run key**: `{result.run_key}`, published {manifest.created_at}\n\n"
+        f"## Verification\n\n{verification_rows(manifest.verification)}\n"
+        "## Serve it\n\n"
+        f"```bash\nvllm serve {shlex.quote(str(folder))}\n```\n\n"
+        f"Made with {libraries or 'compressflow'}; `manifest.json` holds every figure above and "
+        "the run's parameters.\n"
+    )
+
+
 def model_card(manifest: Manifest, folder: Path, source: Path, run_link: str | None) -> str:
     """The card's full text for the published `folder`, made from `source`."""
     from huggingface_hub import ModelCard, ModelCardData
 
-    model, result = manifest.model, manifest.result
-    scheme = result.scheme or "none"
-    hub_base = model["model_id"] if model["source"] == "hub" else None
+    result = manifest.result
+    hub_base = manifest.model["model_id"] if manifest.model["source"] == "hub" else None
     data = ModelCardData(
         base_model=hub_base,
         base_model_relation="quantized" if hub_base and result.scheme else None,
@@ -99,33 +146,7 @@ def model_card(manifest: Manifest, folder: Path, source: Path, run_link: str | N
             t for t in ("compressed-tensors", "llm-compressor", "compressflow", result.scheme) if t
         ],
     )
-    served = manifest.verification.vllm if manifest.verification else None
-    revision = model.get("revision_resolved")
-    libraries = ", ".join(f"{name} {version}" for name, version in manifest.libraries.items())
-    body = (
-        f"# {display_name(model['model_id'], manifest.recipe['source'])}\n\n"
-        f"`{model['model_id']}` compressed to **{scheme}** with llm-compressor, by compressflow.\n\n"
-        "## What was done\n\n"
-        f"- **Recipe**: `{manifest.recipe['source']}` ({', '.join(manifest.recipe['modifiers'])}"
-        f"), in `recipe.yaml` beside the weights\n"
-        f"{calibration_lines(manifest)}"
-        f"- **Libraries**: {libraries}\n\n"
-        "## Quality\n\n"
-        f"- **vLLM**: {vllm_line(served)}\n\n"
-        f"{verification_rows(manifest.verification)}\n"
-        "## Size\n\n"
-        f"{result.size_bytes / 1e6:.1f} MB, from {result.original_size_bytes / 1e6:.1f} MB "
-        f"({result.compression_ratio:.2f}x smaller).\n\n"
-        "## Serve it\n\n"
-        f"```bash\nvllm serve {shlex.quote(str(folder))}\n```\n\n"
-        "## Lineage\n\n"
-        f"- **Base model**: `{model['model_id']}`"
-        + (f" at revision `{revision}`" if revision else "")
-        + f" (`{model['identity']}`)\n"
-        f"- **Run key**: `{result.run_key}`, published {manifest.created_at}\n"
-        + (f"- **Run**: {run_link}\n" if run_link else "")
-        + "- **Manifest**: `manifest.json` holds every figure above and the run's parameters\n"
-    )
+    body = card_body(manifest, folder, run_link)
     # Not a template: names in the body (a model id, a path) are text, never template code.
     return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}"))
 
