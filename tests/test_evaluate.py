@@ -72,6 +72,14 @@ def test_metrics_of_a_compressed_model_against_the_base_in_its_manifest(compress
     rows = {row["metric"]: row for row in json.loads(table.data)}
     assert rows["perplexity"]["compressed"] == pytest.approx(m.compressed_perplexity, abs=0.005)
 
+    # The card of the folder it evaluated gained the results (front matter kept, no temp file).
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(Path(compressed, "README.md"))
+    assert card.text.count("## Evaluation") == 1 and "scored by transformers" in card.text
+    assert f"{m.compressed_perplexity:.4g}" in card.text and "W4A16" in card.data.tags
+    assert not list(Path(compressed).glob(".*.tmp"))
+
     # ClearML offline session: the metrics were reported as single values.
     session = Path(report.tracking.split(": ", 1)[1].split(";")[0])
     reported = (session / "metrics.jsonl").read_text()

@@ -1,9 +1,8 @@
 """The model card: Hugging Face front matter, the license carried from the source, and the
-evaluation section evaluate-model adds to a folder compressflow published (and to no other)."""
+evaluation section evaluate-model adds to a folder compressflow published (and to no other; the
+shared run's card gaining it is checked in test_evaluate, on the evaluation it already runs)."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 
@@ -65,24 +64,3 @@ def test_a_symlinked_card_is_not_followed(w4a16_run, tmp_path):
     (folder / CARD).unlink()
     (folder / CARD).symlink_to(elsewhere)
     assert not add_evaluation(folder, "section") and elsewhere.read_text() == "not ours"
-
-
-def test_evaluate_model_adds_its_results_to_the_card(w4a16_run, tmp_path):
-    import shutil
-
-    from huggingface_hub import ModelCard
-
-    from compressflow.flows.evaluate import evaluate
-    from compressflow.params import HeldOutArgs, ModelArgs
-
-    folder = tmp_path / "published"  # a copy: the shared run's card stays as published
-    shutil.copytree(w4a16_run.published.path, folder)
-    report = evaluate(
-        compressed=ModelArgs(model_id=str(folder)), held_out=HeldOutArgs(samples=4, max_seq_len=64)
-    )
-    card = ModelCard.load(folder / CARD)
-    assert card.text.count("## Evaluation") == 1 and "scored by transformers" in card.text
-    assert f"{report.metrics.compressed_perplexity:.4g}" in card.text
-    assert "W4A16" in card.data.tags  # the front matter survived
-    assert not list(folder.glob(".*.tmp"))
-    assert json.loads((folder / "manifest.json").read_text())["result"]["scheme"] == "W4A16"
