@@ -7,7 +7,9 @@ tests/test_architectures.py compresses every one with the presets and proves wha
 once and reuses it.
 
 Random weights give near-uniform logits, so the lm_head is scaled up: top-1 agreement between a
-model and its compressed copy then means something.
+model and its compressed copy then means something. A tied model (Gemma2) gets its final norm
+scaled instead: scaling its head would scale its embeddings too, and it would only ever predict
+the token it was given.
 """
 
 from __future__ import annotations
@@ -77,7 +79,15 @@ ZOO: dict[str, Tiny] = {
         "dense",
         "Gemma2Config",
         "Gemma2ForCausalLM",
-        {**DENSE, "head_dim": 64, "query_pre_attn_scalar": 64, "sliding_window": 32},
+        # Tied, as every released Gemma2: vLLM's Gemma2 has no lm_head of its own and refuses a
+        # checkpoint that carries one (base model included).
+        {
+            **DENSE,
+            "head_dim": 64,
+            "query_pre_attn_scalar": 64,
+            "sliding_window": 32,
+            "tie_word_embeddings": True,
+        },
     ),
     "gemma3_text": Tiny(
         "dense",
@@ -89,7 +99,9 @@ ZOO: dict[str, Tiny] = {
         "dense",
         "FalconConfig",
         "FalconForCausalLM",
-        {"hidden_size": 256, "ffn_hidden_size": 512, "num_attention_heads": 4},
+        # The MLP 4x as wide as the model, as every released Falcon: vLLM's Falcon assumes it
+        # (it reads no ffn_hidden_size).
+        {"hidden_size": 256, "ffn_hidden_size": 1024, "num_attention_heads": 4},
     ),
     "gpt_neox": Tiny(
         "dense",
@@ -152,10 +164,15 @@ ZOO: dict[str, Tiny] = {
             "topk_group": 1,
             "first_k_dense_replace": 1,
             "q_lora_rank": 128,
-            "kv_lora_rank": 128,
-            "qk_rope_head_dim": 32,
+            # DeepSeek-V3's latent cache, kv_lora_rank + qk_rope_head_dim = 576: the one MLA
+            # head size vLLM's CPU kernels compile for.
+            "kv_lora_rank": 512,
+            "qk_rope_head_dim": 64,
             "qk_nope_head_dim": 32,
             "v_head_dim": 64,
+            # As DeepSeek-V3's own config.json: its routers have a score-correction bias, which
+            # vLLM builds only for this method (else it refuses the checkpoint's tensor).
+            "topk_method": "noaux_tc",
         },
     ),
 }
@@ -188,11 +205,10 @@ def _text_model(spec: Tiny, tokenizer):
         vocab_size=len(tokenizer),
         num_hidden_layers=2,
         max_position_embeddings=2048,
-        tie_word_embeddings=False,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        **spec.kwargs,
+        **{"tie_word_embeddings": False, **spec.kwargs},
     )
     return getattr(transformers, spec.model)(config), tokenizer
 
@@ -211,7 +227,11 @@ def build_tiny(name: str, root: str | Path) -> Path:
     else:
         model, processor = VISION_BUILDERS[name]()
     with torch.no_grad():
-        model.get_output_embeddings().weight.mul_(10)
+        if model.config.get_text_config().tie_word_embeddings:
+            # 10x either way: Gemma's norms scale by 1 + weight (0 at init), others by weight (1).
+            model.model.norm.weight.add_(9)
+        else:
+            model.get_output_embeddings().weight.mul_(10)
     path.mkdir(parents=True, exist_ok=True)
     model.to(torch.float32).save_pretrained(path)
     processor.save_pretrained(path)

@@ -27,7 +27,15 @@ KERNEL_ERRORS = [
     "NotImplementedError: No WNA16 MoE backend supports the deployment configuration.",
     "ValueError: No Int8 MoE backend supports the deployment configuration.",
     "NotImplementedError: Unsupported FP8 MoE backend: NONE",
+    # W8A8 of GPT-NeoX / OLMo2 (vLLM's Transformers backend) on CPUs with AMX.
+    "RuntimeError: mat1 must be a 2D tensor",
 ]
+# A vision model: the child adds what vLLM logged to the error it raised.
+VISION_ERROR = (
+    "ValidationError: Value error, Model architectures ['LlavaForConditionalGeneration'] failed "
+    "to be inspected. Please check the logs for more details. [type=value_error] (vLLM's log: "
+    "RuntimeError: ModuleNotFoundError: No module named 'torchvision')"
+)
 
 
 @pytest.mark.parametrize("error", KERNEL_ERRORS)
@@ -36,8 +44,32 @@ def test_a_missing_kernel_is_not_checked_here_with_vllms_words(error):
     assert reason and error in reason and "vLLM build" in reason
 
 
+def test_a_vision_model_without_torchvision_is_not_checked_here():
+    assert "cannot inspect vision models (no torchvision)" in kernel_limit(VISION_ERROR)
+
+
 def test_any_other_error_is_not_a_kernel_limit():
     assert kernel_limit("KeyError: 'model.layers.0.mlp.up_proj.weight_packed'") is None
+
+
+def test_the_child_reports_the_cause_not_pydantics_link():
+    from compressflow.model.vllm_child import root_cause
+
+    inspected = ValueError(
+        "1 validation error for ModelConfig\n  Value error, Model architectures ['X'] failed to "
+        "be inspected. [type=value_error]\n    For further information visit https://errors.x"
+    )
+    try:
+        try:
+            raise inspected
+        except ValueError as exc:
+            raise RuntimeError("Engine core initialization failed") from exc
+    except RuntimeError as wrapper:
+        cause = root_cause(wrapper)
+    assert (
+        cause == "ValueError: Value error, Model architectures ['X'] failed to be inspected. "
+        "[type=value_error]"
+    )
 
 
 def test_scores_are_perplexity_and_top1_of_the_actual_tokens():
@@ -235,3 +267,10 @@ def test_prompts_fit_the_context_the_model_declares(tmp_path):
     assert serving.max_positions(tmp_path) == 9
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": "many"}))
     assert serving.max_positions(tmp_path) > 1 << 16
+
+
+def test_the_same_refusal_for_base_and_output_is_vllms_not_the_outputs():
+    base = "ValueError: There is no module or parameter named 'lm_head' in Gemma2 {'a', 'b'}"
+    output = "ValueError: There is no module or parameter named 'lm_head' in Gemma2 {'a_packed'}"
+    assert serving.same_refusal(base, output)
+    assert not serving.same_refusal(base, "KeyError: 'model.layers.0.mlp.up_proj.weight_packed'")

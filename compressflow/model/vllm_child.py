@@ -8,7 +8,9 @@ two JSON files. REQUEST holds `models` ({name: folder}), `prompts` (token id lis
 `max_model_len` and `trust_remote_code`. For each model, in order, RESULT gets either `positions`
 (per prompt, per next-token position: `[log-probability of the actual token, the most likely
 token]`) or `error`: the innermost exception's type and message, which
-is vLLM's root cause rather than its wrapper's "Engine core initialization failed".
+is vLLM's root cause rather than its wrapper's "Engine core initialization failed", followed by
+the last exception vLLM logged, where the error points to vLLM's log (a model class that does
+not import, e.g. without torchvision).
 
 The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set by the caller): starting
 two engines here takes seconds, a separate engine process per model takes tens of seconds on CPU.
@@ -18,8 +20,22 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
+import os
 import sys
 import time
+
+# pydantic's last line of every validation error: a link, not the cause.
+BOILERPLATE = "For further information visit"
+# What vLLM raises when the cause is in its log only.
+CHECK_THE_LOGS = "check the logs"
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's type and the last line of its message."""
+    lines = [line.strip() for line in str(exc).strip().splitlines()]
+    message = [line for line in lines if line and not line.startswith(BOILERPLATE)]
+    return f"{type(exc).__name__}: {message[-1] if message else ''}".strip()
 
 
 def root_cause(exc: BaseException) -> str:
@@ -28,8 +44,22 @@ def root_cause(exc: BaseException) -> str:
     while id(exc) not in seen and (exc.__cause__ or exc.__context__):
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
-    message = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {message[-1] if message else ''}".strip()
+    return one_line(exc)
+
+
+class LoggedError(logging.Handler):
+    """The last exception vLLM logged rather than raised. Some root causes only reach the log:
+    a model class that does not import is logged (its traceback, from a subprocess, is the
+    logged exception's message), then vLLM raises "failed to be inspected. Please check the
+    logs"."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.last: BaseException | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info and record.exc_info[1] is not None:
+            self.last = record.exc_info[1]
 
 
 def score(path: str, request: dict) -> dict:
@@ -72,15 +102,28 @@ def score(path: str, request: dict) -> dict:
 
 
 def main(request_path: str, result_path: str) -> None:
+    # vLLM's own logging set-up (when an engine starts) drops every handler added before it;
+    # without it, vLLM's warnings and errors go to stderr, which the caller reads.
+    os.environ["VLLM_CONFIGURE_LOGGING"] = "0"
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     import vllm
 
     request = json.loads(open(request_path).read())
     result = {"vllm_version": vllm.__version__, "models": {}}
+    logged = LoggedError()
+    logging.getLogger("vllm").addHandler(logged)
     for name, path in request["models"].items():
         try:
             result["models"][name] = score(path, request)
         except Exception as exc:  # noqa: BLE001 - every refusal is reported, the next model runs
-            result["models"][name] = {"error": root_cause(exc)}
+            error = root_cause(exc)
+            # Kept across models: vLLM remembers a model class that failed, and for the next
+            # model of that architecture raises the same pointer to its log without logging.
+            if CHECK_THE_LOGS in error and logged.last is not None:
+                error += f" (vLLM's log: {one_line(logged.last)})"
+            result["models"][name] = {"error": error}
         with open(result_path, "w") as handle:  # written as it goes: a crash keeps what was done
             json.dump(result, handle)
 
