@@ -332,3 +332,18 @@ def test_auto_rounds_own_exit_fails_the_run_with_its_words(tiny_model, tmp_path,
     assert "called sys.exit(-1) in auto_round/" in error.problem
     assert "try to set the `batch_size` to 1" in error.problem
     assert not (tmp_path / "out").exists()
+
+
+def test_other_threads_stacks_do_not_push_the_last_logged_line_out():
+    from compressflow.runtime.isolation import _Tail
+
+    tail = _Tail()
+    dump = ["loaded the model; calibrating", "Fatal Python error: Aborted", ""]
+    for n in range(5):  # as many threads as the process happened to start
+        dump += [f"Thread 0x{n:04x} (most recent call first):", '  File "t.py", line 1 in run', ""]
+    dump += ["Current thread 0x0001 (most recent call first):", '  File "a.py", line 9 in f']
+    dump += ['  File "b.py", line 3 in g', '  File "c.py", line 1 in h', ""]
+    tail.add("\n".join(dump) + "\n")
+    text = tail.text()
+    assert "loaded the model; calibrating" in text and "a.py" in text and "b.py" in text
+    assert "t.py" not in text and "c.py" not in text

@@ -122,11 +122,18 @@ class _Tail:
             line = _COLOUR.sub("", line)  # auto-round colours its log lines
             if not line.strip() or _PROGRESS_BAR.search(line) or line.startswith("Extension "):
                 continue
-            # faulthandler lists the innermost frame first (a traceback, last): keep its first two.
-            if line.startswith(("Current thread", "Thread 0x")):
+            # faulthandler lists the innermost frame first (a traceback, last): keep the crashing
+            # thread's first two. Other threads' stacks are left out: how many there are depends
+            # on what the process imported, and they would push the last logged line out.
+            if line.startswith("Thread 0x"):
+                self._frames = -1
+                continue
+            if line.startswith("Current thread"):
                 self._frames = 0
             elif not line.startswith(" "):
                 self._frames = None
+            elif self._frames == -1:
+                continue
             elif self._frames is not None and line.startswith("  File "):
                 self._frames += 1
                 if self._frames > 2:
