@@ -1,0 +1,297 @@
+"""Benchmark: how much of the yardstick's quality each CPU preset keeps.
+
+Every preset the registry marks as running on a CPU worker, plus plain round-to-nearest W4A16
+(llm-compressor's QuantizationModifier, no GPTQ: the baseline GPTQ must beat), goes through the
+compress-model flow on the learned-weights yardstick (`compressflow.demo.yardstick`), calibrated
+on its training split; each output is then scored by the evaluate-model flow on the yardstick's
+held-out files, against the base. Presets that calibrate on data run once per calibration
+sampling seed (`dataset.seed`), so the table states the run-to-run spread; data-free ones are
+deterministic and run once.
+
+    python -m benchmarks.quality_table [--seeds 0,1,2] [--samples 256] [--held-out 512]
+        [--presets W4A16,FP8_DYNAMIC] [--workdir DIR] [--autoround-iters 200]
+
+Recovery is base perplexity / compressed perplexity. The FP4 presets need a bf16 source
+(compressed-tensors unpacks FP4 as bf16), so they run on a bf16 copy of the yardstick and their
+recovery is against that copy. Targets (issue 22): round-to-nearest W4A16 costs at least 2%
+perplexity (the yardstick is sensitive); GPTQ W4A16's worst seed beats round-to-nearest, by more
+than GPTQ's own seed-to-seed spread; the 8-bit presets keep at least 99% of the base. Exits 1 when
+one is missed or a run fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RTN = "RTN_W4A16"
+# Round-to-nearest W4A16: the W4A16 preset's scheme without GPTQ's error feedback.
+RTN_RECIPE = """\
+quant_stage:
+  quant_modifiers:
+    QuantizationModifier:
+      targets: Linear
+      scheme: W4A16
+      ignore: [lm_head]
+"""
+EIGHT_BIT = ("W8A8", "W8A8_GPTQ", "FP8_DYNAMIC", "FP8_BLOCK")
+TARGET_RTN_COST_PCT = 2.0
+TARGET_EIGHT_BIT_RECOVERY = 99.0
+
+
+@dataclass
+class Row:
+    name: str
+    bf16: bool
+    data: bool
+    ppl: list[float] = field(default_factory=list)
+    base_ppl: list[float] = field(default_factory=list)
+    kl: list[float] = field(default_factory=list)
+    size: int = 0
+    original_size: int = 0
+    seconds: list[float] = field(default_factory=list)
+    failed: str = ""
+
+    def recovery(self) -> list[float]:
+        return [100 * b / p for b, p in zip(self.base_ppl, self.ppl, strict=True)]
+
+
+def environment(work: Path) -> None:
+    """Own Prefect home, caches and ClearML folder, offline; set before Prefect is imported."""
+    (work / "prefect").mkdir(parents=True, exist_ok=True)
+    os.environ.update(
+        PREFECT_HOME=str(work / "prefect"),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120",
+        PREFECT_LOGGING_LEVEL="WARNING",
+        CLEARML_OFFLINE_MODE="1",
+        CLEARML_CACHE_DIR=str(work / "clearml"),
+        COMPRESSFLOW_CACHE_DIR=str(work / "cache"),
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+
+
+def bf16_copy(model: Path, path: Path) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not (path / "config.json").exists():
+        AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).save_pretrained(path)
+        AutoTokenizer.from_pretrained(model).save_pretrained(path)
+    return path
+
+
+def run_one(row: Row, seed: int, source: Path, yardstick, args, out: Path) -> None:
+    """Compress `source` with the row's recipe (one calibration seed) and score the output."""
+    from compressflow.flows.compress import compress
+    from compressflow.flows.evaluate import evaluate
+    from compressflow.params import (
+        DatasetArgs,
+        HeldOutArgs,
+        ModelArgs,
+        OutputArgs,
+        QualityGate,
+        RecipeArgs,
+        TrackingArgs,
+        VerifyArgs,
+    )
+
+    if row.name == RTN:
+        recipe = RecipeArgs(recipe=RTN_RECIPE)
+    elif row.name == "W4A16_AUTOROUND":
+        recipe = RecipeArgs(preset=row.name, recipe_args={"iters": args.autoround_iters})
+    else:
+        recipe = RecipeArgs(preset=row.name)
+    started = time.perf_counter()
+    published = compress(
+        model=ModelArgs(model_id=str(source)),
+        dataset=DatasetArgs(
+            dataset_name=str(yardstick.calibration),
+            text_samples=args.samples,
+            max_seq_len=yardstick.spec.seq_len,
+            seed=seed,
+        ),
+        recipe=recipe,
+        output=OutputArgs(save_directory=str(out), auto_evaluate=False),
+        tracking=TrackingArgs(enabled=False),
+        verify=VerifyArgs(vllm="off"),
+    )
+    report = evaluate(
+        compressed=ModelArgs(model_id=published.path),
+        base=ModelArgs(model_id=str(source)),
+        held_out=HeldOutArgs(
+            dataset_name=str(yardstick.held_out),
+            samples=args.held_out,
+            max_seq_len=yardstick.spec.seq_len,
+        ),
+        gate=QualityGate(max_perplexity_increase_pct=0, max_kl=0),  # measure, never refuse
+        tracking=TrackingArgs(enabled=False),
+    )
+    m = report.metrics
+    row.ppl.append(m.compressed_perplexity)
+    row.base_ppl.append(m.base_perplexity)
+    row.kl.append(m.kl_divergence)
+    row.size, row.original_size = published.size_bytes, published.original_size_bytes
+    row.seconds.append(time.perf_counter() - started)
+    print(
+        f"  {row.name} seed {seed}: perplexity {m.compressed_perplexity:.3f} (base "
+        f"{m.base_perplexity:.3f}, +{m.perplexity_increase_pct:.2f}%), KL {m.kl_divergence:.4f}, "
+        f"{row.seconds[-1]:.0f} s",
+        flush=True,
+    )
+
+
+def spread(values: list[float], fmt: str) -> str:
+    """Median, and the range when there is more than one value."""
+    mid = format(statistics.median(values), fmt)
+    if len(values) == 1:
+        return mid
+    return f"{mid} ({format(min(values), fmt)}-{format(max(values), fmt)})"
+
+
+def table(rows: list[Row], base_ppl: float, bf16_base: float | None, seeds: list[int]) -> str:
+    lines = [
+        "| preset | runs | held-out perplexity | recovery % | perplexity increase % | KL "
+        "nats/token | weights MB (x smaller) |",
+        "|---|---|---|---|---|---|---|",
+        f"| base (float32) | - | {base_ppl:.3f} | 100 | 0 | 0 | - |",
+    ]
+    if bf16_base is not None:
+        lines.append(
+            f"| base (bf16 copy, for the FP4 presets) | - | {bf16_base:.3f} | 100 | 0 | 0 | - |"
+        )
+    for row in rows:
+        if row.failed:
+            lines.append(f"| {row.name} | failed | {row.failed} | | | | |")
+            continue
+        runs = f"{len(row.ppl)} seeds" if row.data and len(seeds) > 1 else "1 (data-free)"
+        if row.data and len(seeds) == 1:
+            runs = "1"
+        increase = [100 * (p / b - 1) for p, b in zip(row.ppl, row.base_ppl, strict=True)]
+        name = f"{row.name} (bf16 source)" if row.bf16 else row.name
+        lines.append(
+            f"| {name} | {runs} | {spread(row.ppl, '.3f')} | {spread(row.recovery(), '.2f')} | "
+            f"{spread(increase, '.2f')} | {spread(row.kl, '.4f')} | {row.size / 1e6:.2f} "
+            f"({row.original_size / max(row.size, 1):.2f}x) |"
+        )
+    return "\n".join(lines)
+
+
+def targets(rows: dict[str, Row]) -> list[tuple[str, str, bool]]:
+    """(target, value, met) for each of the benchmark's targets whose rows ran."""
+    found = []
+    rtn, gptq = rows.get(RTN), rows.get("W4A16")
+    if rtn and rtn.ppl:
+        cost = 100 * (rtn.ppl[0] / rtn.base_ppl[0] - 1)
+        found.append(
+            (
+                f"round-to-nearest W4A16 costs >= {TARGET_RTN_COST_PCT}% perplexity",
+                f"{cost:.2f}%",
+                cost >= TARGET_RTN_COST_PCT,
+            )
+        )
+    if rtn and rtn.ppl and gptq and gptq.ppl:
+        margin = rtn.ppl[0] - max(gptq.ppl)
+        noise = max(gptq.ppl) - min(gptq.ppl)
+        found.append(
+            (
+                "GPTQ W4A16's worst seed beats round-to-nearest by more than GPTQ's seed spread",
+                f"RTN {rtn.ppl[0]:.3f} - worst GPTQ {max(gptq.ppl):.3f} = {margin:.3f}; "
+                f"spread {noise:.3f}",
+                margin > noise,
+            )
+        )
+    for name in EIGHT_BIT:
+        if name in rows and rows[name].ppl:
+            worst = min(rows[name].recovery())
+            found.append(
+                (
+                    f"{name} keeps >= {TARGET_EIGHT_BIT_RECOVERY}% (worst seed)",
+                    f"{worst:.2f}%",
+                    worst >= TARGET_EIGHT_BIT_RECOVERY,
+                )
+            )
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", default="0,1,2", help="calibration sampling seeds")
+    parser.add_argument("--samples", type=int, default=256, help="calibration texts per run")
+    parser.add_argument("--held-out", type=int, default=512, help="held-out texts scored")
+    parser.add_argument("--presets", default="", help="comma-separated; default: every CPU one")
+    parser.add_argument("--autoround-iters", type=int, default=200)
+    parser.add_argument("--workdir", default="", help="keeps the yardstick and outputs")
+    args = parser.parse_args(argv)
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="quality-table-")).resolve()
+    environment(work)
+
+    from prefect.testing.utilities import prefect_test_harness
+
+    from compressflow.demo.yardstick import build_yardstick
+    from compressflow.registries.presets import PRESETS
+
+    seeds = [int(s) for s in args.seeds.split(",")]
+    names = [RTN, *[n for n, p in PRESETS.items() if p.cpu_ok]]
+    if args.presets:
+        names = [n.strip() for n in args.presets.split(",")]
+    started = time.perf_counter()
+    yardstick = build_yardstick(work / "yardstick")
+    print(
+        f"yardstick: {yardstick.model} ({yardstick.built['parameters']:,} parameters, built in "
+        f"{yardstick.built['wall_seconds']} s; {time.perf_counter() - started:.0f} s here)",
+        flush=True,
+    )
+    rows: dict[str, Row] = {}
+    for name in names:
+        preset = PRESETS.get(name)
+        bf16 = bool(preset and "bf16" in preset.caveat)
+        rows[name] = Row(name, bf16=bf16, data=bool(preset and preset.needs_data))
+    bf16_source = None
+    if any(row.bf16 for row in rows.values()):
+        bf16_source = bf16_copy(yardstick.model, work / "yardstick-bf16")
+
+    with prefect_test_harness(server_startup_timeout=120):
+        for row in rows.values():
+            source = bf16_source if row.bf16 else yardstick.model
+            for seed in seeds if row.data else seeds[:1]:
+                out = work / "outputs" / f"{row.name}-seed{seed}"
+                try:
+                    run_one(row, seed, source, yardstick, args, out)
+                except Exception as exc:  # one preset failing must not lose the others' rows
+                    row.failed = f"{type(exc).__name__}: {str(exc)[:160]}"
+                    print(f"  {row.name} seed {seed} FAILED: {row.failed}", flush=True)
+                    break
+
+    base = [b for row in rows.values() if not row.bf16 for b in row.base_ppl]
+    bf16_base = [b for row in rows.values() if row.bf16 for b in row.base_ppl]
+    print()
+    print(
+        table(
+            list(rows.values()),
+            base[0] if base else float("nan"),
+            bf16_base[0] if bf16_base else None,
+            seeds,
+        )
+    )
+    print()
+    results = targets(rows)
+    for target, value, met in results:
+        print(f"- {target}: {value} [{'met' if met else 'MISSED'}]")
+    print(
+        f"\n{len(seeds)} seeds, {args.samples} calibration texts x {yardstick.spec.seq_len} tokens, "
+        f"{args.held_out} held-out texts; {time.perf_counter() - started:.0f} s in all; {work}"
+    )
+    failed = any(row.failed for row in rows.values()) or not all(met for *_, met in results)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

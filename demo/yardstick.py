@@ -1,0 +1,275 @@
+"""The yardstick: a small Llama with learned weights, on which quality claims are measured.
+
+Random weights (`assets.build_tiny_llama`) say nothing about accuracy. This module trains a
+Llama-shaped causal LM, deterministically and offline, on the source code of the Python standard
+library that runs it, and keeps a held-out split (whole files) that neither the tokenizer, the
+training nor calibration ever sees. Tests and benchmarks score compressed copies on that split.
+
+It is built to be sensitive to quantization, which is the point of it. A wide, briefly trained
+model is not: its weights stay close to their small random initialisation, it uses few of its
+directions, and 4-bit round-to-nearest costs it almost nothing (4 layers x 256 wide, 12 CPU
+minutes: 0.1% perplexity). What made a few CPU minutes of training sensitive, measured while
+choosing the spec (held-out perplexity increase under round-to-nearest W4A16 / under 10%
+Gaussian noise on every decoder weight):
+
+- narrow beats wide: 128 wide saturates sooner than 256 or 512 in the same CPU time
+  (+0.8% vs +0.04% to +0.2%);
+- a larger initialisation, 0.09 instead of transformers' 0.02, with a lower learning rate: the
+  learned function leans on all of its weights, not on a small update to near-zero ones
+  (noise +0.6% at 0.02, +3.2% at 0.09);
+- learning rates above 3e-3, a small initialisation, longer context, a smaller vocabulary: no
+  better, or worse.
+
+Training uses one thread: torch's CPU kernels split work differently with other thread counts, so
+one thread gives the same weights on every machine with the same software, and is also the fastest
+on a shared 2-core machine (two threads whose partner is descheduled spin). The folder is reused
+while its key (spec, Python, torch and transformers versions, this file's hash) is unchanged.
+
+    python -m compressflow.demo.yardstick [ROOT]   # builds (or finds) it and prints its figures
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import platform
+import sys
+import sysconfig
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from compressflow.demo.assets import CHAT_TEMPLATE
+
+SPEC_FILE = "yardstick_spec.json"
+
+
+@dataclass(frozen=True)
+class YardstickSpec:
+    """Shape, data and training of the yardstick. Widths are multiples of 128 (W4A16's groups)."""
+
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 6
+    num_attention_heads: int = 2
+    num_key_value_heads: int = 2
+    vocab_size: int = 1024
+    init_std: float = 0.09
+    seq_len: int = 128  # training context; held-out and calibration texts are this long
+    batch_size: int = 8
+    steps: int = 1500
+    learning_rate: float = 2e-3
+    warmup_steps: int = 50
+    # Every `held_out_every`-th standard-library module (sorted by name, from the third) is held
+    # out: whole files, so no function or docstring is half in training and half in evaluation.
+    held_out_every: int = 10
+    calibration_texts: int = 2048
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Yardstick:
+    """Where a built yardstick lies: the model folder and its two JSON-lines text files."""
+
+    model: Path  # a transformers folder: config, safetensors, tokenizer
+    calibration: Path  # {"text": ...} rows from training files, ~seq_len tokens each
+    held_out: Path  # {"text": ...} rows from held-out files, never trained or calibrated on
+    spec: YardstickSpec
+    built: dict  # what the build measured: seconds, final loss, held-out perplexity
+
+    def held_out_texts(self) -> list[str]:
+        return [json.loads(line)["text"] for line in self.held_out.read_text().splitlines()]
+
+
+def corpus_files(spec: YardstickSpec) -> tuple[list[Path], list[Path]]:
+    """(training files, held-out files): the standard library's public top-level modules."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in stdlib.glob("*.py") if not p.name.startswith(("_", "test")))
+    held_out = files[3 :: spec.held_out_every]
+    return [f for f in files if f not in held_out], held_out
+
+
+def _read(files: list[Path]) -> list[str]:
+    return [f.read_text(encoding="utf-8", errors="replace") for f in files]
+
+
+def build_tokenizer(texts: list[str], vocab_size: int):
+    """A byte-level BPE tokenizer trained on `texts` only (the training split)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    special = ["<unk>", "<s>", "</s>", "<pad>"]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=special, show_progress=False
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=2048,
+    )
+
+
+def windows(tokenizer, texts: list[str], length: int) -> list[str]:
+    """Each text cut into consecutive pieces of `length` tokens, as text (cut at token edges).
+
+    Cutting the text at the tokens' character offsets, not decoding token ids, keeps every piece
+    an exact substring of the source, so it re-tokenizes to (almost exactly) the same tokens.
+    """
+    pieces = []
+    # The backend tokenizer: whole files exceed model_max_length, which only the wrapper warns of.
+    for text, encoding in zip(texts, tokenizer.backend_tokenizer.encode_batch(texts), strict=True):
+        offsets = encoding.offsets
+        for start in range(0, len(offsets) - length + 1, length):
+            pieces.append(text[offsets[start][0] : offsets[start + length - 1][1]])
+    return pieces
+
+
+def _key(spec: YardstickSpec) -> dict:
+    """What the built folder depends on: a change to any of it rebuilds."""
+    import torch
+    import transformers
+
+    return {
+        "spec": asdict(spec),
+        "python": platform.python_version(),  # the corpus is this interpreter's own library
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "code": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+    }
+
+
+def _write_jsonl(path: Path, texts: list[str]) -> None:
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+
+
+def perplexity(model, tokenizer, texts: list[str], max_len: int) -> float:
+    """exp(mean next-token NLL) over every position of `texts`, one text per forward."""
+    import torch
+
+    nll, count = 0.0, 0
+    with torch.inference_mode():
+        for text in texts:
+            ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+            ids = ids[:, :max_len]
+            loss = model(input_ids=ids, labels=ids).loss.item()
+            nll += loss * (ids.shape[1] - 1)
+            count += ids.shape[1] - 1
+    return math.exp(nll / count)
+
+
+def _train(spec: YardstickSpec, tokenizer, train_texts: list[str]):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=2048,
+        initializer_range=spec.init_std,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(spec.seed)
+    model = LlamaForCausalLM(config).to(torch.float32)
+    encoded = tokenizer.backend_tokenizer.encode_batch(train_texts, add_special_tokens=False)
+    stream = torch.tensor([i for e in encoded for i in [*e.ids, tokenizer.eos_token_id]])
+    # No weight decay: it would pull the weights back toward the small-range ones that made
+    # quantization invisible.
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=spec.learning_rate, betas=(0.9, 0.95), weight_decay=0.0
+    )
+    generator = torch.Generator().manual_seed(spec.seed)
+    model.train()
+    loss = torch.tensor(0.0)
+    for step in range(spec.steps):
+        warmup = min(1.0, (step + 1) / spec.warmup_steps)
+        cosine = 0.5 * (1 + math.cos(math.pi * step / spec.steps))
+        for group in optimizer.param_groups:
+            group["lr"] = spec.learning_rate * warmup * cosine
+        starts = torch.randint(
+            0, len(stream) - spec.seq_len, (spec.batch_size,), generator=generator
+        )
+        batch = torch.stack([stream[s : s + spec.seq_len] for s in starts.tolist()])
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return model.eval(), loss.item()
+
+
+def build_yardstick(root: str | Path, spec: YardstickSpec = YardstickSpec()) -> Yardstick:
+    """Build the yardstick under `root` (model/, calibration.jsonl, held_out.jsonl), or reuse it."""
+    import torch
+
+    root = Path(root)
+    model_dir = root / "model"
+    marker = model_dir / SPEC_FILE
+    found = _reuse(root, marker, spec)
+    if found is not None:
+        return found
+    wall, cpu = time.perf_counter(), time.process_time()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train_files, held_out_files = corpus_files(spec)
+        train_texts, held_out_texts = _read(train_files), _read(held_out_files)
+        tokenizer = build_tokenizer(train_texts, spec.vocab_size)
+        model, final_loss = _train(spec, tokenizer, train_texts)
+        held_out = windows(tokenizer, held_out_texts, spec.seq_len)
+        calibration = windows(tokenizer, train_texts, spec.seq_len)
+        # An even spread over the training files, not the first files' pieces only.
+        count = min(spec.calibration_texts, len(calibration))
+        calibration = [calibration[i * len(calibration) // count] for i in range(count)]
+        base_ppl = perplexity(model, tokenizer, held_out, spec.seq_len)
+    finally:
+        torch.set_num_threads(threads)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    _write_jsonl(root / "calibration.jsonl", calibration)
+    _write_jsonl(root / "held_out.jsonl", held_out)
+    built = {
+        "wall_seconds": round(time.perf_counter() - wall, 1),
+        "cpu_seconds": round(time.process_time() - cpu, 1),
+        "final_train_loss": round(final_loss, 4),
+        "held_out_perplexity": round(base_ppl, 4),
+        "held_out_texts": len(held_out),
+        "held_out_files": [f.name for f in held_out_files],
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
+    # Written last: its presence means the folder is complete.
+    marker.write_text(json.dumps({**_key(spec), "built": built}, indent=1))
+    return Yardstick(model_dir, root / "calibration.jsonl", root / "held_out.jsonl", spec, built)
+
+
+def _reuse(root: Path, marker: Path, spec: YardstickSpec) -> Yardstick | None:
+    if not marker.exists():
+        return None
+    recorded = json.loads(marker.read_text())
+    built = recorded.pop("built", {})
+    if recorded != _key(spec):
+        return None
+    return Yardstick(
+        marker.parent, root / "calibration.jsonl", root / "held_out.jsonl", spec, built
+    )
+
+
+if __name__ == "__main__":
+    built = build_yardstick(sys.argv[1] if len(sys.argv) > 1 else "yardstick")
+    print(json.dumps({"model": str(built.model), **built.built}, indent=1))

@@ -1,0 +1,136 @@
+"""The learned-weights yardstick: it builds, it has learned, and on it quantization orders as it
+must on learned weights (GPTQ beats round-to-nearest at 4 bits; 8-bit schemes stay near the base).
+
+Each scheme goes through the compress-model flow, calibrated on the yardstick's training split,
+and is scored by the evaluate-model flow on its held-out files. The margins come from measured
+spread (benchmarks/README.md, "Quality per preset"), not guesses; MEASURED below.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from compressflow.demo.yardstick import YardstickSpec, build_yardstick, corpus_files, perplexity
+
+pytestmark = pytest.mark.matrix
+
+CALIBRATION_TEXTS = 256
+HELD_OUT_TEXTS = 512
+# MEASURED: filled in from `python -m benchmarks.quality_table`.
+RTN_W4A16 = """\
+quant_stage:
+  quant_modifiers:
+    QuantizationModifier:
+      targets: Linear
+      scheme: W4A16
+      ignore: [lm_head]
+"""
+
+
+@pytest.fixture(scope="session")
+def yardstick(test_root):
+    return build_yardstick(test_root / "yardstick")
+
+
+@pytest.fixture(scope="session")
+def increase(yardstick, test_root, prefect_harness):
+    """Held-out perplexity increase over the base, in percent, of each scheme (one seed)."""
+    from compressflow.flows.compress import compress
+    from compressflow.flows.evaluate import evaluate
+    from compressflow.params import (
+        DatasetArgs,
+        HeldOutArgs,
+        ModelArgs,
+        OutputArgs,
+        QualityGate,
+        RecipeArgs,
+        TrackingArgs,
+        VerifyArgs,
+    )
+
+    recipes = {
+        "RTN_W4A16": RecipeArgs(recipe=RTN_W4A16),
+        "W4A16": RecipeArgs(preset="W4A16"),
+        "W8A8": RecipeArgs(preset="W8A8"),
+        "FP8_DYNAMIC": RecipeArgs(preset="FP8_DYNAMIC"),
+    }
+    found = {}
+    for name, recipe in recipes.items():
+        published = compress(
+            model=ModelArgs(model_id=str(yardstick.model)),
+            dataset=DatasetArgs(
+                dataset_name=str(yardstick.calibration),
+                text_samples=CALIBRATION_TEXTS,
+                max_seq_len=yardstick.spec.seq_len,
+            ),
+            recipe=recipe,
+            output=OutputArgs(
+                save_directory=str(test_root / "yardstick-outputs" / name), auto_evaluate=False
+            ),
+            tracking=TrackingArgs(enabled=False),
+            verify=VerifyArgs(vllm="off"),
+        )
+        report = evaluate(
+            compressed=ModelArgs(model_id=published.path),
+            held_out=HeldOutArgs(
+                dataset_name=str(yardstick.held_out),
+                samples=HELD_OUT_TEXTS,
+                max_seq_len=yardstick.spec.seq_len,
+            ),
+            gate=QualityGate(max_perplexity_increase_pct=0, max_kl=0),
+            tracking=TrackingArgs(enabled=False),
+        )
+        found[name] = report.metrics.perplexity_increase_pct
+    return found
+
+
+def test_yardstick_has_learned_and_is_reused(yardstick):
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    texts = yardstick.held_out_texts()[:64]
+    tokenizer = AutoTokenizer.from_pretrained(yardstick.model)
+    config = LlamaConfig.from_pretrained(yardstick.model)
+    torch.manual_seed(0)
+    random_ppl = perplexity(LlamaForCausalLM(config).eval(), tokenizer, texts, 128)
+    learned = LlamaForCausalLM.from_pretrained(yardstick.model).eval()
+    learned_ppl = perplexity(learned, tokenizer, texts, 128)
+    # Random weights score about the vocabulary size; the trained model a small fraction of it.
+    assert random_ppl > 0.5 * config.vocab_size
+    assert learned_ppl < random_ppl / 10
+    assert math.isclose(
+        perplexity(learned, tokenizer, yardstick.held_out_texts(), 128),
+        yardstick.built["held_out_perplexity"],
+        rel_tol=1e-3,
+    )
+    # Built once: a second call finds the folder by its key instead of training again.
+    again = build_yardstick(yardstick.model.parent)
+    assert again.built == yardstick.built
+
+
+def test_held_out_files_are_never_trained_or_calibrated_on(yardstick):
+    train, held_out = corpus_files(YardstickSpec())
+    assert held_out and not set(train) & set(held_out)
+    assert yardstick.built["held_out_files"] == [f.name for f in held_out]
+    calibration = {
+        json.loads(line)["text"] for line in yardstick.calibration.read_text().splitlines()
+    }
+    held_out_texts = yardstick.held_out_texts()
+    assert len(held_out_texts) >= 512 and not calibration & set(held_out_texts)
+    # Every held-out piece comes from a held-out file, and no calibration piece does.
+    held_out_source = "".join(f.read_text(errors="replace") for f in held_out)
+    assert all(text in held_out_source for text in held_out_texts[::50])
+    assert not any(text in held_out_source for text in list(calibration)[::50])
+
+
+def test_gptq_beats_round_to_nearest_at_4_bits(increase):
+    assert increase["RTN_W4A16"] >= 2.0, "the yardstick no longer tells 4-bit schemes apart"
+    assert increase["W4A16"] < increase["RTN_W4A16"] - 1.0
+
+
+def test_8_bit_schemes_stay_near_the_base(increase):
+    assert increase["W8A8"] < 0.5
+    assert increase["FP8_DYNAMIC"] < 0.5
