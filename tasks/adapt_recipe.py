@@ -24,7 +24,7 @@ from prefect.cache_policies import NO_CACHE
 
 from compressflow.logs import run_logger
 from compressflow.model.tracing import meta_model, outside_text_model
-from compressflow.recipes.tree import dump_recipe, iter_modifiers
+from compressflow.recipes.tree import add_ignore, dump_recipe, iter_modifiers, quantizes
 from compressflow.registries.architectures import ARCHITECTURES, Architecture
 from compressflow.reporting import tracking
 from compressflow.results import FetchedModel, RenderedRecipe
@@ -32,10 +32,6 @@ from compressflow.results import FetchedModel, RenderedRecipe
 
 def model_config(model: FetchedModel) -> dict[str, Any]:
     return json.loads(Path(model.path, "config.json").read_text())
-
-
-def quantizes(kwargs: dict[str, Any]) -> bool:
-    return "scheme" in kwargs or "config_groups" in kwargs
 
 
 def vision_modules(model: FetchedModel, config: dict[str, Any]) -> list[str]:
@@ -93,21 +89,16 @@ def apply(
                 kwargs["mappings"] = [[list(balance), smooth] for balance, smooth in mappings]
                 notes.append(f"{family}: SmoothQuant mappings set for the family")
         elif quantizes(kwargs):
-            ignore = kwargs.get("ignore") or []
-            ignore = [ignore] if isinstance(ignore, str) else ignore
-            added = [pattern for pattern in rule.ignore if pattern not in ignore]
-            if added:
+            if added := add_ignore(kwargs, list(rule.ignore)):
                 notes.append(f"{family}: {name} also ignores {added} ({rule.why})")
             if vision and not aims_at(kwargs, vision):
                 # A `Linear` target matches the vision tower too, subclasses included (SigLIP's
                 # attention-pool head): a text scheme leaves all outside the language model.
-                added += [subtree(path) for path in vision if subtree(path) not in ignore]
+                add_ignore(kwargs, [subtree(path) for path in vision])
                 notes.append(
                     f"{family}: {name} leaves {', '.join(vision)} unquantized (outside the "
                     "language model; name them in the modifier's targets to quantize them)"
                 )
-            if added:
-                kwargs["ignore"] = [*ignore, *added]
     return notes
 
 

@@ -1,6 +1,7 @@
 """Walking and writing a recipe as llm-compressor's YAML shape: stages -> modifier groups -> modifiers.
 
-Shared by the stages that build a recipe (render) and tailor it to an architecture (adapt).
+Shared by the stages that build a recipe (render), tailor it to an architecture (adapt) and leave
+modules unquantized to meet a quality target (search target).
 """
 
 from __future__ import annotations
@@ -19,6 +20,25 @@ def iter_modifiers(recipe: dict[str, Any]) -> Iterator[tuple[str, str, dict[str,
             if group_key.endswith("_modifiers"):
                 for name, kwargs in group.items():
                     yield f"{stage_key}.{group_key}", name, kwargs
+
+
+def quantizes(kwargs: dict[str, Any]) -> bool:
+    """Whether a modifier quantizes (it has a scheme or config groups): one an ignore list binds."""
+    return "scheme" in kwargs or "config_groups" in kwargs
+
+
+def add_ignore(kwargs: dict[str, Any], patterns: list[str]) -> list[str]:
+    """Append to a modifier's `ignore` the `patterns` it lacks, in order; return those added.
+
+    An ignore entry is an exact module name, or a regex after `re:` (compressed-tensors'
+    matching); a single string is kept as the list's first entry.
+    """
+    ignore = kwargs.get("ignore") or []
+    ignore = [ignore] if isinstance(ignore, str) else list(ignore)
+    added = [p for i, p in enumerate(patterns) if p not in ignore and p not in patterns[:i]]
+    if added:
+        kwargs["ignore"] = [*ignore, *added]
+    return added
 
 
 class _CanonicalDumper(yaml.SafeDumper):
