@@ -74,3 +74,7 @@ class QualityThresholdExceeded(CompressflowError):
 
 class PointFailed(CompressflowError):
     """A point's compression or evaluation did not complete."""
+
+
+class TargetNotMet(CompressflowError):
+    """Compress to a target: no configuration the search could try met the quality target."""

@@ -362,6 +362,56 @@ class HeldOutArgs(TextSourceArgs):
         return DatasetArgs(**fields, text_samples=self.samples)
 
 
+# compress-model's target: measured on held-out text, as evaluate-model measures
+
+MAX_TARGET_ROUNDS = 12  # each round is a full calibration
+
+
+class TargetArgs(_Args):
+    """Compress to a target: the smallest configuration whose held-out perplexity stays within
+    `max_perplexity_ratio` of the base model's.
+
+    Round 1 calibrates the recipe as asked. When it misses, later rounds leave the modules GPTQ
+    measured the largest error on unquantized (1, 2, 4, ... of them, then bisecting between the
+    last miss and the first hit), each a full calibration; the smallest set that meets the target
+    is published, and a search that ends without one publishes nothing.
+    """
+
+    max_perplexity_ratio: float = Field(
+        default=0,
+        ge=0,
+        le=10,
+        description="Largest allowed held-out perplexity of the compressed model over the base "
+        "model's, e.g. 1.02 for at most 2% worse (0: no target; the recipe runs as asked). Needs "
+        "a recipe with a GPTQModifier (W4A16, W8A8, ...), whose per-module error ranks the layers.",
+    )
+    held_out: HeldOutArgs = Field(
+        default_factory=HeldOutArgs,
+        description="Text the perplexities are measured on; when it is the calibration dataset, "
+        "the calibration samples are left out.",
+    )
+    max_rounds: int = Field(
+        default=6,
+        ge=1,
+        le=MAX_TARGET_ROUNDS,
+        description="Most calibrations the search may run, the recipe as asked included; each "
+        "round costs one full calibration.",
+    )
+
+    @field_validator("max_perplexity_ratio")
+    @classmethod
+    def _ratio_is_a_loss(cls, value: float) -> float:
+        if 0 < value < 1:
+            raise InputError(
+                "target.max_perplexity_ratio",
+                f"{value} asks the compressed model to score a lower perplexity than the base "
+                "model, which no compression is expected to do",
+                "give a ratio of 1.0 or more (1.02: at most 2% worse than the base), or 0 for "
+                "no target",
+            )
+        return value
+
+
 class QualityGate(_Args):
     max_perplexity_increase_pct: float = Field(
         default=10.0,

@@ -278,6 +278,86 @@ class Calibration(BaseModel):
     )
 
 
+# search target
+
+
+class TargetRound(BaseModel):
+    """One calibration of a compress-to-target search, measured on the held-out text."""
+
+    round: int = Field(description="1-based; round 1 is the recipe as asked.")
+    unquantized: list[str] = Field(
+        description="Modules left out of quantization this round (largest round-1 error first)."
+    )
+    perplexity: float = Field(description="Held-out perplexity of this round's output.")
+    ratio: float = Field(description="perplexity / the base model's perplexity.")
+    size_bytes: int = Field(description="This round's checkpoint on disk.")
+    met: bool = Field(description="ratio <= the target.")
+
+
+class TargetSearch(BaseModel):
+    """What compressing to a target tried, and what it chose: the manifest's `target`."""
+
+    max_perplexity_ratio: float
+    max_rounds: int
+    base_perplexity: float = Field(description="The base model's held-out perplexity.")
+    held_out_source: str
+    held_out_samples: int
+    excluded_calibration_samples: int = Field(
+        default=0, description="Held-out rows left out because calibration used them."
+    )
+    ranked_modules: int = Field(
+        description="Modules with a round-1 GPTQ error, the candidates to leave unquantized."
+    )
+    rounds: list[TargetRound]
+    chosen_round: int | None = Field(
+        default=None, description="The round published; None when no round met the target."
+    )
+
+    def chosen(self) -> TargetRound | None:
+        return next((r for r in self.rounds if r.round == self.chosen_round), None)
+
+    def best(self) -> TargetRound:
+        """The lowest ratio reached (fewest modules unquantized among equals)."""
+        return min(self.rounds, key=lambda r: (r.ratio, len(r.unquantized)))
+
+    def size_cost_bytes(self) -> int:
+        """How much larger the chosen output is than the recipe as asked (round 1)."""
+        chosen = self.chosen()
+        return chosen.size_bytes - self.rounds[0].size_bytes if chosen else 0
+
+    def log_to(self, tracker) -> None:
+        for r in self.rounds:
+            tracker.scalar("target perplexity ratio", "round", r.ratio, r.round)
+            tracker.scalar("target modules unquantized", "round", len(r.unquantized), r.round)
+        tracker.table(
+            "compress to target",
+            [
+                {
+                    "round": r.round,
+                    "unquantized": len(r.unquantized),
+                    "ratio": round(r.ratio, 5),
+                    "target": self.max_perplexity_ratio,
+                    "met": r.met,
+                    "size_bytes": r.size_bytes,
+                    "chosen": r.round == self.chosen_round,
+                }
+                for r in self.rounds
+            ],
+        )
+        chosen = self.chosen()
+        if chosen is not None:
+            tracker.params(
+                "target",
+                {
+                    "max_perplexity_ratio": self.max_perplexity_ratio,
+                    "chosen_round": chosen.round,
+                    "ratio": chosen.ratio,
+                    "size_cost_bytes": self.size_cost_bytes(),
+                    "unquantized": ", ".join(chosen.unquantized) or "none",
+                },
+            )
+
+
 # verify
 
 

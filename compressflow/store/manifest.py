@@ -29,7 +29,14 @@ from pydantic import BaseModel, Field, ValidationError
 
 from compressflow.errors import InputError, PublishError
 from compressflow.logs import run_logger
-from compressflow.params import CalibrationArgs, DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
+from compressflow.params import (
+    CalibrationArgs,
+    DatasetArgs,
+    ModelArgs,
+    OutputArgs,
+    RecipeArgs,
+    TargetArgs,
+)
 from compressflow.results import (
     BuiltDataset,
     FetchedModel,
@@ -39,6 +46,7 @@ from compressflow.results import (
     PublishedModel,
     RenderedRecipe,
     StageRecord,
+    TargetSearch,
     Verification,
 )
 from compressflow.settings import settings
@@ -98,6 +106,11 @@ class Manifest(BaseModel):
         description="The calibration path, where the weights lived, the batch size and the "
         "speed knobs used, and the memory planned for them.",
     )
+    target: TargetSearch | None = Field(
+        default=None,
+        description="Compress to a target: each round's modules left unquantized, held-out "
+        "perplexity ratio and size, and the round published.",
+    )
 
     def base_model_args(self) -> ModelArgs | None:
         """The ModelArgs the compressed model was made from."""
@@ -127,12 +140,14 @@ def run_key(
     recipe_args: RecipeArgs,
     output: OutputArgs,
     calibration: CalibrationArgs,
+    target: TargetArgs | None = None,
 ) -> str:
     """Hash of everything that determines the compressed checkpoint.
 
     Of the calibration knobs, the path and the batch size change the result (model_free rounds
     weights without oneshot; batches truncate to their shortest sample); where weights live and
-    prefetching do not.
+    prefetching do not. A quality target decides which modules stay unquantized: it is part of
+    the key when set, and absent otherwise (keys of runs without one are unchanged).
     """
     parts = {
         "model": model.identity,
@@ -148,6 +163,8 @@ def run_key(
         ),
         "libraries": library_versions(),
     }
+    if target is not None and target.max_perplexity_ratio:
+        parts["target"] = target.model_dump()
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
@@ -278,6 +295,14 @@ def staging_path(target: Path) -> Path:
 def reference_path(staging: Path) -> Path:
     """The base model's reference logits: beside the staging folder, never published."""
     return staging.with_name(staging.name + ".reference.pt")
+
+
+def remove_staging(staging: Path) -> None:
+    """Delete a staging folder this run made, with what lies beside it (reference logits,
+    compile cache); what is already gone (published by rename, or removed) is skipped."""
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.rmtree(compile_cache_path(staging), ignore_errors=True)
+    reference_path(staging).unlink(missing_ok=True)
 
 
 def compile_cache_path(staging: Path) -> Path:
