@@ -1,11 +1,10 @@
 """The checks compress-model makes before calibrating, shared with `compressflow validate`.
 
 Both run the same two steps, so they cannot drift: `resolve_inputs` (render the recipe and refuse
-what this worker's hardware cannot run, fetch the model, refuse an output or offload folder that
-overlaps the source model's, build the dataset: the cheap stages, in the order that fails
-fastest) and
-`check_before_calibration` (the output folder, disk space, the memory plan, traceability on the
-meta device).
+what this worker's hardware cannot run, or a quality target the recipe cannot search; fetch the
+model, refuse an output or offload folder that overlaps the source model's, build the dataset: the
+cheap stages, in the order that fails fastest) and `check_before_calibration` (the output folder,
+disk space, the memory plan, traceability on the meta device).
 The flow runs them as Prefect tasks through `compressflow.runtime.stages.Stages` (cached, recorded) and
 puts its output lock and reuse check between the two; validate calls the stages' functions
 directly, without weights, and times each check.
@@ -19,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from compressflow.model.hardware import refuse_fp4_on_float32, refuse_unsupported
-from compressflow.params import CalibrationArgs, DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
+from compressflow.params import (
+    CalibrationArgs,
+    DatasetArgs,
+    ModelArgs,
+    OutputArgs,
+    RecipeArgs,
+    TargetArgs,
+)
 from compressflow.results import BuiltDataset, FetchedModel, MemoryPlan, RenderedRecipe
 from compressflow.store.disk_space import check_free_space
 from compressflow.store.manifest import check_apart, check_target, output_path, run_key
@@ -29,6 +35,7 @@ from compressflow.tasks.check_traceability import check_traceability
 from compressflow.tasks.fetch_model import fetch_model
 from compressflow.tasks.plan_memory import plan_memory
 from compressflow.tasks.render_recipe import render_recipe
+from compressflow.tasks.search_target import check_searchable
 
 # run(stage, *args) -> the stage's result; a stage is a Prefect task or a plain check function.
 Runner = Callable[..., Any]
@@ -53,10 +60,14 @@ def resolve_inputs(
     output: OutputArgs,
     calibration: CalibrationArgs,
     weights: bool = True,
+    target_args: TargetArgs | None = None,
 ) -> Inputs:
+    target_args = target_args or TargetArgs()
     rendered = run(render_recipe, recipe)
     # Called directly, not as a stage: a check of this process's hardware, never cached.
     refuse_unsupported(rendered)
+    # A target needs the per-module error only GPTQ reports: refused before anything downloads.
+    check_searchable(rendered, target_args)
     local = Path(model.model_id).expanduser()
     if output.save_directory and not model.clearml_model and local.exists():
         # A local source is known before fetch_model hashes it (minutes for a large model).
@@ -73,7 +84,7 @@ def resolve_inputs(
         model=fetched,
         dataset=built,
         target=target,
-        key=run_key(fetched, built, rendered, recipe, output, calibration),
+        key=run_key(fetched, built, rendered, recipe, output, calibration, target_args),
     )
 
 

@@ -2,12 +2,15 @@
 
 Cheap checks run first (the recipe renders before anything is downloaded; the output folder is
 checked before calibration), so mistakes fail in seconds. A run whose inputs match an output
-already published returns it without calibrating again.
+already published returns it without calibrating again. With a quality target, calibration runs
+again with modules left unquantized until the target is met (tasks/search_target.py), and the
+round that meets it goes on to verify and publish.
 """
 
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 from prefect import flow, tags
 
@@ -21,6 +24,7 @@ from compressflow.params import (
     ModelArgs,
     OutputArgs,
     RecipeArgs,
+    TargetArgs,
     TrackingArgs,
     VerifyArgs,
 )
@@ -32,20 +36,21 @@ from compressflow.reporting.lineage import (
     publish_lineage,
 )
 from compressflow.reporting.tracking import track_flow_run
-from compressflow.results import PublishedModel
+from compressflow.results import Calibration, PublishedModel, RenderedRecipe
 from compressflow.runtime.events import emit_published
 from compressflow.runtime.isolation import warm_up
 from compressflow.runtime.stages import Stages
 from compressflow.store.locks import output_lock
 from compressflow.store.manifest import (
-    compile_cache_path,
     find_published,
-    reference_path,
     remove_leftovers,
+    remove_staging,
     staging_path,
 )
+from compressflow.tasks.build_held_out import build_held_out
 from compressflow.tasks.calibrate import calibrate, calibrate_here
 from compressflow.tasks.publish import publish, summarize_reused
+from compressflow.tasks.search_target import search_target
 from compressflow.tasks.verify import verify
 
 
@@ -64,6 +69,7 @@ def compress(
     tracking: TrackingArgs = TrackingArgs(),
     verify: VerifyArgs = VerifyArgs(),
     calibration: CalibrationArgs = CalibrationArgs(),
+    target: TargetArgs = TargetArgs(),
 ) -> PublishedModel:
     """Compress `model` with `recipe`, calibrated on `dataset`, verify it, publish it to `output`.
 
@@ -75,6 +81,8 @@ def compress(
         tracking: Where the run is logged in ClearML.
         verify: The checks the compressed model must pass before it is published.
         calibration: How calibration runs; the defaults need no tuning.
+        target: A quality target: the smallest configuration whose held-out perplexity stays
+            within max_perplexity_ratio of the base's (0, the default: the recipe as asked).
     """
     inputs = {
         "model": model.model_dump(),
@@ -83,6 +91,7 @@ def compress(
         "output": output.model_dump(),
         "verify": verify.model_dump(),
         "calibration": calibration.model_dump(),
+        "target": target.model_dump(),
     }
     run_tags = add_run_tags([*output.tags, recipe.label()])
     with (
@@ -95,7 +104,7 @@ def compress(
             inputs,
         ) as tracker,
     ):
-        published = run_stages(model, dataset, recipe, output, verify, calibration, inputs)
+        published = run_stages(model, dataset, recipe, output, verify, calibration, inputs, target)
         # Emitted for new and reused outputs alike: compressflow/runtime/events.py says why.
         emit_published(published, model, output.auto_evaluate)
     if tracker.failures:
@@ -111,6 +120,7 @@ def run_stages(
     verify_args: VerifyArgs,
     calibration: CalibrationArgs,
     inputs: dict,
+    target_args: TargetArgs,
 ) -> PublishedModel:
     """The pipeline: cheap stages first, so mistakes fail before any weights load."""
     log = run_logger(__name__)
@@ -121,7 +131,9 @@ def run_stages(
     )
     stages = Stages()
     warm_up(calibrate_here)  # calibration's process forks from it; imports overlap cheap stages
-    resolved = resolve_inputs(stages.run, model, dataset, recipe, output, calibration)
+    resolved = resolve_inputs(
+        stages.run, model, dataset, recipe, output, calibration, target_args=target_args
+    )
     target = resolved.target
     # One writer per output: a second run waits here, then reuses what the first published
     # (same inputs) or is refused by check_output (another model).
@@ -135,23 +147,44 @@ def run_stages(
             return reused
         plan = check_before_calibration(stages.run, resolved, recipe, output, calibration)
 
-        staging = staging_path(target)
-        try:
-            timeout = calibration.timeout_minutes * 60 or None
-            calibrated = stages.run(
-                calibrate.with_options(timeout_seconds=timeout),
+        held_out = None
+        if target_args.max_perplexity_ratio:  # before calibrating: a bad held-out set fails fast
+            held_out = stages.run(
+                build_held_out, target_args.held_out.dataset_args(), resolved.model, dataset
+            )
+        # Every staging folder this run makes (one per calibration): ours to delete.
+        stagings: list[Path] = []
+
+        def calibrate_into_staging(rendered: RenderedRecipe) -> Calibration:
+            stagings.append(staging_path(target))
+            return stages.run(
+                calibrate.with_options(timeout_seconds=calibration.timeout_minutes * 60 or None),
                 resolved.model,
                 resolved.dataset,
-                resolved.recipe,
+                rendered,
                 recipe,
                 plan,
-                str(staging),
+                str(stagings[-1]),
                 verify_args,
                 output.save_compressed,
                 dataset.data_collator,
             )
+
+        try:
+            calibrated = calibrate_into_staging(resolved.recipe)
+            chosen, search = resolved.recipe, None
+            if held_out is not None:
+                calibrated, chosen, search = search_target(
+                    stages.run,
+                    calibrated,
+                    resolved.recipe,
+                    resolved.model,
+                    held_out,
+                    target_args,
+                    calibrate_into_staging,
+                )
             verification = stages.run(
-                verify, calibrated, resolved.model, resolved.recipe, plan, verify_args, str(target)
+                verify, calibrated, resolved.model, chosen, plan, verify_args, str(target)
             )
             checkpoint, upstream = publish_lineage(
                 resolved.model, resolved.dataset, target, recipe.label()
@@ -163,18 +196,18 @@ def run_stages(
                 verification,
                 resolved.model,
                 resolved.dataset,
-                resolved.recipe,
+                chosen,
                 str(target),
                 resolved.key,
                 inputs,
                 output,
                 list(stages.records),
+                search,
             )
         finally:
-            # Gone already when publishing succeeded; the reference logits are never published.
-            shutil.rmtree(staging, ignore_errors=True)
-            shutil.rmtree(compile_cache_path(staging), ignore_errors=True)
-            reference_path(staging).unlink(missing_ok=True)
+            # The published one is gone already (renamed); the reference logits never published.
+            for staging in stagings:
+                remove_staging(staging)
             if plan.offload_folder and not calibration.offload_folder:  # ours, not the user's
                 shutil.rmtree(plan.offload_folder, ignore_errors=True)
     return published.model_copy(update={"stages": stages.records})

@@ -20,7 +20,14 @@ from pydantic import BaseModel, ConfigDict, create_model
 
 from compressflow.flows.checks import check_before_calibration, check_output, resolve_inputs
 from compressflow.flows.compress import compress
-from compressflow.params import CalibrationArgs, DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
+from compressflow.params import (
+    CalibrationArgs,
+    DatasetArgs,
+    ModelArgs,
+    OutputArgs,
+    RecipeArgs,
+    TargetArgs,
+)
 from compressflow.results import Check, ValidationReport
 from compressflow.store.manifest import find_published
 from compressflow.tasks.adapt_recipe import adapt_recipe
@@ -74,13 +81,19 @@ def validate(
     recipe: RecipeArgs | dict[str, Any] | None = None,
     output: OutputArgs | dict[str, Any] | None = None,
     calibration: CalibrationArgs | dict[str, Any] | None = None,
+    target: TargetArgs | dict[str, Any] | None = None,
 ) -> ValidationReport:
     """Run the flow's pre-calibration checks; raise the first problem, or report what passed.
 
     The groups are validated first, together: one ValidationError lists every group's problems.
     """
     given = dict(
-        model=model, dataset=dataset, recipe=recipe, output=output, calibration=calibration
+        model=model,
+        dataset=dataset,
+        recipe=recipe,
+        output=output,
+        calibration=calibration,
+        target=target,
     )
     params = Parameters.model_validate(
         {name: value for name, value in given.items() if value is not None}
@@ -95,6 +108,7 @@ def validate(
         params.output,
         params.calibration,
         weights=False,
+        target_args=params.target,
     )
     check_before_calibration(timed.run, inputs, params.recipe, params.output, params.calibration)
     return ValidationReport(

@@ -34,6 +34,7 @@ from compressflow.results import (
     PublishedModel,
     RenderedRecipe,
     StageRecord,
+    TargetSearch,
     Verification,
 )
 from compressflow.store.disk_space import disk_full_is_clear
@@ -115,8 +116,11 @@ def publish(
     inputs: dict,
     output: OutputArgs,
     stages: list[StageRecord],
+    search: TargetSearch | None = None,
 ) -> PublishedModel:
-    """Write recipe.yaml and manifest.json beside the checkpoint, then publish it atomically."""
+    """Write recipe.yaml and manifest.json beside the checkpoint, then publish it atomically.
+
+    `search`: what compressing to a quality target tried, when the run had a target."""
     started = time.perf_counter()
     staging, target_path = Path(calibration.staging_path), Path(target)
     manifest = Manifest(
@@ -144,6 +148,7 @@ def publish(
         tags=output.tags,
         verification=verification,
         memory_plan=plan,
+        target=search,
     )
     with disk_full_is_clear(staging):
         (staging / "recipe.yaml").write_text(recipe.yaml)

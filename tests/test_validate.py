@@ -280,7 +280,7 @@ def test_cli_names_unknown_groups_and_the_known_ones(models, tmp_path, capsys):
     file.write_text(json.dumps({**good, "datasets": {}, "tracking": {}, "verify": {}}))
     assert refused_lines(capsys, ["validate", str(file)]) == [
         "error: datasets: not a parameter group. Fix: did you mean dataset? the groups are: "
-        "model, dataset, recipe, output, tracking, verify, calibration"
+        "model, dataset, recipe, output, tracking, verify, calibration, target"
     ]
 
 

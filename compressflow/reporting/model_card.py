@@ -17,7 +17,7 @@ from pathlib import Path
 
 from compressflow.limits import MAX_TEXT_BYTES
 from compressflow.reporting.artifacts import display_name, location_markdown, logit_figures
-from compressflow.results import EvaluationReport, ServingCheck, Verification
+from compressflow.results import EvaluationReport, ServingCheck, TargetSearch, Verification
 from compressflow.store.manifest import Manifest, read_manifest
 
 CARD = "README.md"
@@ -98,6 +98,45 @@ def base_model_line(model: dict) -> str:
     return f"`{model['model_id']}` ({model['source']}, {detail})"
 
 
+def target_section(search: TargetSearch | None) -> str:
+    """What compressing to a quality target kept unquantized, what it cost, and every round."""
+    chosen = search.chosen() if search else None
+    if chosen is None:  # no target, or none met (then nothing is published)
+        return ""
+    first, cost = search.rounds[0], search.size_cost_bytes()
+    measured = (
+        f"Target: held-out perplexity at most {search.max_perplexity_ratio}x the base model's "
+        f"({search.base_perplexity:.4g} on {search.held_out_samples} texts from "
+        f"`{search.held_out_source}`, none of them calibration data). "
+    )
+    if not chosen.unquantized:
+        kept = (
+            f"The recipe as asked met it (ratio {chosen.ratio:.4f}): no module is kept "
+            "unquantized and there is no size cost.\n\n"
+        )
+    else:
+        names = "\n".join(f"- `{name}`" for name in chosen.unquantized)
+        kept = (
+            f"Met in round {chosen.round} of {len(search.rounds)} (ratio {chosen.ratio:.4f}; "
+            f"the recipe as asked: {first.ratio:.4f}) with {len(chosen.unquantized)} of "
+            f"{search.ranked_modules} module(s) kept unquantized, those with the largest GPTQ "
+            f"error:\n\n{names}\n\n"
+            f"**Size cost**: {cost / 1e6:+.2f} MB ({100 * cost / max(first.size_bytes, 1):+.1f}%)"
+            f" against the recipe as asked ({first.size_bytes / 1e6:.2f} MB).\n\n"
+        )
+    rows = "\n".join(
+        f"| {r.round} | {len(r.unquantized)} | {r.perplexity:.4g} | {r.ratio:.4f} | "
+        f"{'met' if r.met else 'missed'} | {r.size_bytes / 1e6:.2f} |"
+        + (" published |" if r.round == chosen.round else " |")
+        for r in search.rounds
+    )
+    return (
+        f"## Compressed to a target\n\n{measured}{kept}"
+        "| round | modules unquantized | perplexity | ratio | target | size (MB) | |\n"
+        f"|---|---|---|---|---|---|---|\n{rows}\n\n"
+    )
+
+
 def card_body(
     manifest: Manifest, folder: Path, run_link: str | None, show_output: bool = False
 ) -> str:
@@ -122,6 +161,7 @@ def card_body(
         f"- **vLLM**: {vllm_line(served)}\n"
         f"{run}"
         f"- **Run key**: `{result.run_key}`, published {manifest.created_at}\n\n"
+        f"{target_section(manifest.target)}"
         f"## Verification\n\n{verification_rows(manifest.verification)}\n"
         "## Serve it\n\n"
         f"```bash\nvllm serve {shlex.quote(str(folder))}\n```\n\n"

@@ -124,3 +124,20 @@ def logits_of(model, samples: list[list[int]]) -> list:
         return [
             model(torch.tensor([ids], device=device)).logits[0].float().cpu() for ids in samples
         ]
+
+
+def perplexity(model, input_ids: list[list[int]]) -> float:
+    """One model's perplexity over every next-token position, scored as `score` scores each model
+    (one sample per forward, no padding): for a model measured once and compared many times."""
+    import torch
+    import torch.nn.functional as F
+
+    nll, positions = 0.0, 0
+    with torch.inference_mode():
+        for ids in input_ids:
+            tokens = torch.tensor([ids], device=model.device)
+            logits = model(tokens, attention_mask=torch.ones_like(tokens)).logits
+            logp = F.log_softmax(logits[0, :-1].float(), dim=-1)
+            nll -= logp.gather(1, tokens[0, 1:, None]).sum().item()
+            positions += len(ids) - 1
+    return math.exp(nll / positions)
