@@ -67,6 +67,15 @@ def tiny_model(test_root) -> Path:
     return build_tiny_llama(test_root / "tiny-llama")
 
 
+@pytest.fixture(scope="session")
+def yardstick(test_root):
+    """The learned-weights yardstick (demo/yardstick.py): a small Llama trained for a few CPU
+    minutes, with calibration and held-out text; built once per session."""
+    from compressflow.demo.yardstick import build_yardstick
+
+    return build_yardstick(test_root / "yardstick")
+
+
 # The seed system's user guide, W4A16 example, as written there.
 SEED_GUIDE_W4A16 = """
 quant_stage:

@@ -31,11 +31,6 @@ quant_stage:
 
 
 @pytest.fixture(scope="session")
-def yardstick(test_root):
-    return build_yardstick(test_root / "yardstick")
-
-
-@pytest.fixture(scope="session")
 def increase(yardstick, test_root, prefect_harness):
     """Held-out perplexity increase over the base, in percent, of each scheme (one seed)."""
     from compressflow.flows.compress import compress
