@@ -220,11 +220,18 @@ def dequantized(handle, module: str, keys: set[str]):
     if weight.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
         return None
     scale = handle.get_tensor(f"{module}.weight_scale").float()
-    if scale.dim() == 2 and scale.shape[1] not in (1, weight.shape[1]):  # blocks of rows x cols
-        rows, cols = -(-weight.shape[0] // scale.shape[0]), -(-weight.shape[1] // scale.shape[1])
-        scale = scale.repeat_interleave(rows, 0)[: weight.shape[0]]
-        scale = scale.repeat_interleave(cols, 1)[:, : weight.shape[1]]
-    return weight.float() * scale
+    return weight.float() * expanded(scale, weight.shape)
+
+
+def expanded(scale, shape):
+    """A weight scale broadcast to the weight's `shape`: per tensor, per row (`[rows, 1]`) or per
+    block (`[row blocks, column blocks]`; a 384 x 128 weight in 128 x 128 blocks has a `[3, 1]`
+    scale, which is not per row)."""
+    if scale.dim() != 2 or tuple(scale.shape) in {(shape[0], 1), (1, 1), tuple(shape)}:
+        return scale
+    rows, cols = -(-shape[0] // scale.shape[0]), -(-shape[1] // scale.shape[1])
+    scale = scale.repeat_interleave(rows, 0)[: shape[0]]
+    return scale.repeat_interleave(cols, 1)[:, : shape[1]]
 
 
 def check_weights(staging: Path, source: Path) -> VerificationCheck:

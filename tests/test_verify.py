@@ -73,3 +73,32 @@ def test_tensor_names_must_map_onto_the_source(tiny_model, tmp_path):
     assert not check.passed
     assert "experts.0.gate_proj.weight" in check.detail
     assert "model.layers.0.mlp.gate_proj.weight" in check.detail
+
+
+@pytest.mark.parametrize(
+    ("shape", "scale_shape"),
+    [
+        ((384, 128), (3, 1)),  # 128 x 128 blocks, one block column: not a per-row scale
+        ((128, 384), (1, 3)),
+        ((300, 200), (3, 2)),  # partial blocks at the edges
+        ((384, 128), (384, 1)),  # per row
+        ((384, 128), (1, 1)),  # per tensor
+    ],
+)
+def test_an_fp8_weight_dequantizes_with_its_scale_per_tensor_row_or_block(
+    tmp_path, shape, scale_shape
+):
+    """The model-free check reads FP8_BLOCK weights of a model 128 wide (found on the yardstick:
+    a [3, 1] block scale was taken for a per-row one and the check crashed)."""
+    from safetensors import safe_open
+
+    from compressflow.tasks.verify import dequantized
+
+    scale = torch.rand(scale_shape) + 0.5
+    rows, cols = -(-shape[0] // scale_shape[0]), -(-shape[1] // scale_shape[1])
+    full = scale.repeat_interleave(rows, 0)[: shape[0]].repeat_interleave(cols, 1)[:, : shape[1]]
+    weight = torch.randn(shape).to(torch.float8_e4m3fn)
+    save_file({"m.weight": weight, "m.weight_scale": scale}, tmp_path / "w.safetensors")
+    with safe_open(str(tmp_path / "w.safetensors"), framework="pt") as handle:
+        got = dequantized(handle, "m", set(handle.keys()))
+    assert torch.equal(got, weight.float() * full)
