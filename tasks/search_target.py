@@ -41,7 +41,7 @@ from compressflow.results import (
 from compressflow.store.manifest import remove_staging
 
 FIELD = "target.max_perplexity_ratio"
-# The modifier whose per-module error ranks the modules (compressflow/tasks/calibrate.py's sink
+# The modifier whose per-module error ranks the modules (tasks/calibrate.py's sink
 # reads it from llm-compressor's log lines; no other modifier reports one per module).
 RANKING_MODIFIER = "GPTQModifier"
 
