@@ -56,6 +56,9 @@ class Row:
     size: int = 0
     original_size: int = 0
     seconds: list[float] = field(default_factory=list)
+    # verify's logits check on its own texts: (cosine, KL, top-1) per run
+    verify: list[tuple[float, float, float]] = field(default_factory=list)
+    scheme: str | None = None
     failed: str = ""
 
     def recovery(self) -> list[float]:
@@ -102,6 +105,7 @@ def run_one(row: Row, seed: int, source: Path, yardstick, args, out: Path) -> No
         TrackingArgs,
         VerifyArgs,
     )
+    from compressflow.store.manifest import read_manifest
 
     if row.name == RTN:
         recipe = RecipeArgs(recipe=RTN_RECIPE)
@@ -121,7 +125,8 @@ def run_one(row: Row, seed: int, source: Path, yardstick, args, out: Path) -> No
         recipe=recipe,
         output=OutputArgs(save_directory=str(out), auto_evaluate=False),
         tracking=TrackingArgs(enabled=False),
-        verify=VerifyArgs(vllm="off"),
+        # Measured, not judged: the limits these figures set must not hide a run.
+        verify=VerifyArgs(vllm="off", min_cosine=1e-9, max_kl=1e9, min_top1=1e-9),
     )
     report = evaluate(
         compressed=ModelArgs(model_id=published.path),
@@ -135,6 +140,11 @@ def run_one(row: Row, seed: int, source: Path, yardstick, args, out: Path) -> No
         tracking=TrackingArgs(enabled=False),
     )
     m = report.metrics
+    verification = read_manifest(Path(published.path)).verification
+    row.verify.append(
+        (verification.cosine, verification.kl_divergence, verification.top1_agreement)
+    )
+    row.scheme = read_manifest(Path(published.path)).result.scheme
     row.ppl.append(m.compressed_perplexity)
     row.base_ppl.append(m.base_perplexity)
     row.kl.append(m.kl_divergence)
@@ -180,6 +190,37 @@ def table(rows: list[Row], base_ppl: float, bf16_base: float | None, seeds: list
             f"| {name} | {runs} | {spread(row.ppl, '.3f')} | {spread(row.recovery(), '.2f')} | "
             f"{spread(increase, '.2f')} | {spread(row.kl, '.4f')} | {row.size / 1e6:.2f} "
             f"({row.original_size / max(row.size, 1):.2f}x) |"
+        )
+    return "\n".join(lines)
+
+
+def verify_figures(rows: list[Row]) -> str:
+    """The worst logits-check figures per scheme family, beside the limits derived from them
+    (compressflow/registries/thresholds.py: MEASURED must hold these numbers)."""
+    from compressflow.registries.thresholds import DEFAULTS, scheme_family
+
+    worst: dict[str, list] = {}
+    for row in rows:
+        if not row.verify:  # round-to-nearest counts: a user's plain W4A16 recipe is one
+            continue
+        cosine, kl, top1 = (
+            min(v[0] for v in row.verify),
+            max(v[1] for v in row.verify),
+            min(v[2] for v in row.verify),
+        )
+        family = scheme_family(row.scheme)
+        found = worst.setdefault(family, [1.0, 0.0, 1.0, []])
+        found[0], found[1], found[2] = min(found[0], cosine), max(found[1], kl), min(found[2], top1)
+        found[3].append(row.name)
+    lines = [
+        "| family | presets | worst cosine | worst KL | worst top-1 | default limits |",
+        "|---|---|---|---|---|---|",
+    ]
+    for family, (cosine, kl, top1, names) in sorted(worst.items()):
+        d = DEFAULTS[family]
+        lines.append(
+            f"| {family} | {', '.join(names)} | {cosine:.5f} | {kl:.4f} | {top1:.4f} | "
+            f"cosine >= {d.cosine}, KL <= {d.kl}, top-1 >= {d.top1} |"
         )
     return "\n".join(lines)
 
@@ -281,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
             seeds,
         )
     )
+    print()
+    print("verify's logits check (its own texts), worst per scheme family:")
+    print(verify_figures(list(rows.values())))
     print()
     results = targets(rows)
     for target, value, met in results:

@@ -16,10 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from compressflow.errors import InputError, RecipeError
 from compressflow.limits import check_data
 from compressflow.registries.presets import PRESETS, preset_named
+from compressflow.registries.thresholds import DEFAULTS, LogitFigures, describe, scheme_family
 
 # `module:function`, never serialized source: loaders are imported, not executed from text.
 DEFAULT_MODEL_CLASS = "AutoModelForCausalLM"
 IMPORT_PATH_OR_EMPTY = r"^([A-Za-z_][\w.]*:[A-Za-z_]\w*)?$"
+_LIMITS = describe()
 
 
 class _Args(BaseModel):
@@ -291,10 +293,9 @@ class TrackingArgs(_Args):
 class VerifyArgs(_Args):
     """The checks a compressed checkpoint must pass before it is published.
 
-    The default thresholds refuse broken models (measured: cosine 0.3-0.37 and top-1 0-1% for
-    a destroyed Gemma, top-1 45% for a Mixtral with random experts) and pass the noise 4-bit
-    weights add to tiny random models (cosine 0.92-0.99). They are a floor, not a quality
-    gate: evaluate-model's perplexity and KL limits are.
+    The logits limits default to the scheme family's (compressflow/registries/thresholds.py),
+    measured on a model with learned weights: 8-bit schemes must stay much closer to the base
+    than 4-bit ones. A limit set here wins for every scheme.
     """
 
     samples: int = Field(
@@ -306,22 +307,24 @@ class VerifyArgs(_Args):
     )
     max_seq_len: int = Field(default=64, ge=2, le=2048, description="Tokens per held-out text.")
     min_cosine: float = Field(
-        default=0.9,
+        default=0,
         ge=0,
         le=1,
         description="Smallest allowed mean cosine similarity between the base's and the compressed "
-        "model's logits per position.",
+        "model's logits per position. 0: the scheme family's default (" + _LIMITS + ").",
     )
     max_kl: float = Field(
-        default=1.0,
+        default=0,
         ge=0,
-        description="Largest allowed mean KL(base || compressed) per position, in nats.",
+        description="Largest allowed mean KL(base || compressed) per position, in nats. 0: the "
+        "scheme family's default.",
     )
     min_top1: float = Field(
-        default=0.4,
+        default=0,
         ge=0,
         le=1,
-        description="Smallest allowed share of positions where both models pick the same token.",
+        description="Smallest allowed share of positions where both models pick the same token. "
+        "0: the scheme family's default.",
     )
     vllm: Literal["auto", "required", "off"] = Field(
         default="auto",
@@ -343,6 +346,16 @@ class VerifyArgs(_Args):
         description="Smallest allowed share of positions where vLLM picks the same token for "
         "both models.",
     )
+
+    def logit_limits(self, scheme: str | None) -> LogitFigures:
+        """The limits the logits check applies to an output of `scheme`: the family's defaults,
+        with any limit set here in their place."""
+        family = DEFAULTS[scheme_family(scheme)]
+        return LogitFigures(
+            cosine=self.min_cosine or family.cosine,
+            kl=self.max_kl or family.kl,
+            top1=self.min_top1 or family.top1,
+        )
 
 
 # evaluate-model

@@ -409,6 +409,11 @@ class Verification(BaseModel):
     cosine: float | None = Field(default=None, description="Mean cosine of logits per position.")
     kl_divergence: float | None = Field(default=None, description="Mean KL(base || compressed).")
     top1_agreement: float | None = Field(default=None, description="Share of same top-1 tokens.")
+    logit_limits: dict[str, float] | None = Field(
+        default=None,
+        description="The limits the three figures above were held to: min_cosine, max_kl, "
+        "min_top1 (the scheme family's defaults, or verify's).",
+    )
     seconds: float = 0.0
     peak_rss_mb: float | None = Field(
         default=None, description="Process peak resident memory once verified (ru_maxrss)."

@@ -44,6 +44,7 @@ from compressflow.model.checkpoint import tensor_index
 from compressflow.model.serving import serve_and_score
 from compressflow.model.tracing import unloaded_tensors
 from compressflow.params import DEFAULT_MODEL_CLASS, VerifyArgs
+from compressflow.registries.thresholds import scheme_family
 from compressflow.reporting import tracking
 from compressflow.reporting.artifacts import artifact_key, display_name, logit_figures
 from compressflow.reporting.quality import compare_logits, logits_of
@@ -276,18 +277,35 @@ def load_reference(calibration: Calibration) -> dict | None:
     return torch.load(calibration.reference_path) if calibration.reference_path else None
 
 
-def check_logits(loaded, reference: dict, args: VerifyArgs) -> tuple[VerificationCheck, dict]:
+def check_logits(
+    loaded, reference: dict, args: VerifyArgs, scheme: str | None
+) -> tuple[VerificationCheck, dict]:
+    """The compressed model's logits against the base's, within the scheme family's limits
+    (compressflow/registries/thresholds.py) or those set in `verify`."""
     figures = compare_logits(reference["logits"], logits_of(loaded, reference["input_ids"]))
     cosine, kl, top1 = (figures[k] for k in ("cosine", "kl_divergence", "top1_agreement"))
-    passed = cosine >= args.min_cosine and kl <= args.max_kl and top1 >= args.min_top1
+    limits = args.logit_limits(scheme)
+    passed = cosine >= limits.cosine and kl <= limits.kl and top1 >= limits.top1
     positions = sum(len(ids) for ids in reference["input_ids"])
     detail = (
-        f"cosine {cosine:.4f} (min {args.min_cosine}), KL {kl:.4f} nats (max {args.max_kl}), "
-        f"top-1 {top1:.1%} (min {args.min_top1:.0%}) over {positions} positions"
+        f"cosine {cosine:.4f} (min {limits.cosine}), KL {kl:.4f} nats (max {limits.kl}), "
+        f"top-1 {top1:.1%} (min {limits.top1:.0%}) over {positions} positions; limits: "
+        f"{limits_source(args, scheme)}"
     )
     if any(math.isnan(v) for v in figures.values()):
         detail = "the compressed model's logits are not finite (NaN or inf)"
-    return VerificationCheck(name="logits", passed=passed, detail=detail), figures
+    applied = {"min_cosine": limits.cosine, "max_kl": limits.kl, "min_top1": limits.top1}
+    check = VerificationCheck(name="logits", passed=passed, detail=detail)
+    return check, {**figures, "logit_limits": applied}
+
+
+def limits_source(args: VerifyArgs, scheme: str | None) -> str:
+    """Where the logits limits came from, as the check's detail says it."""
+    given = [
+        f"verify.{name}" for name in ("min_cosine", "max_kl", "min_top1") if getattr(args, name)
+    ]
+    family = f"the {scheme_family(scheme)} default" + (f" ({scheme})" if scheme else "")
+    return family + (f", {', '.join(given)} as set" if given else "")
 
 
 def check_vllm(
@@ -358,12 +376,12 @@ def verify(
     ]
     if plan.path == "model_free":
         checks.append(check_weights(staging, Path(model.path)))
-    figures: dict[str, float] = {}
+    figures: dict = {}
     loaded, reload_check = reload(staging, model, plan)
     checks.append(reload_check)
     reference = load_reference(calibration)
     if reference and loaded is not None:
-        logits_check, figures = check_logits(loaded, reference, args)
+        logits_check, figures = check_logits(loaded, reference, args, recipe.scheme)
         checks.append(logits_check)
     del loaded
     served = None

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from compressflow.registries.thresholds import FLOOR
+
 _ROOT = Path(tempfile.mkdtemp(prefix="compressflow-tests-"))
 os.environ.update(
     PREFECT_HOME=str(_ROOT / "prefect"),
@@ -90,6 +92,11 @@ quant_stage:
 SEED_GUIDE_W4A16_ARGS = {"observer": "mse", "damp": 0.1}
 
 HUB_SHA = "0123456789abcdef0123456789abcdef01234567"
+
+# Random weights make no quality claim: the matrices hold their outputs to the floor that refuses
+# broken models, not to the learned-weights limits of each scheme family (the thresholds registry
+# says why); plumbing tests on the tiny model keep the defaults, which its outputs pass.
+RANDOM_WEIGHTS = dict(min_cosine=FLOOR.cosine, max_kl=FLOOR.kl, min_top1=FLOOR.top1)
 
 
 @pytest.fixture()

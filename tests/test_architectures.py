@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import RANDOM_WEIGHTS
 from datasets import Dataset
 from PIL import Image
 from reload_check import assert_published_model_matches_base
@@ -104,6 +105,7 @@ def test_preset_publishes_a_verified_model_or_refuses_clearly(
         dataset=DatasetArgs(text_samples=16, max_seq_len=128),
         recipe=RecipeArgs(recipe=preset),
         output=OutputArgs(save_directory=str(target)),
+        verify=VerifyArgs(**RANDOM_WEIGHTS),
     )
     if (name, preset) in REFUSALS:
         with pytest.raises(CompressflowError) as raised:

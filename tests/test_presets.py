@@ -15,13 +15,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import RANDOM_WEIGHTS
 from reload_check import assert_published_model_matches_base
 
 from compressflow.errors import RecipeError
 from compressflow.flows.compress import compress
 from compressflow.flows.validate import validate
 from compressflow.model.hardware import NEEDS_ACCELERATOR, accelerator
-from compressflow.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
+from compressflow.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs, VerifyArgs
 from compressflow.recipes.render import render
 from compressflow.recipes.tree import iter_modifiers
 from compressflow.registries.presets import (
@@ -198,6 +199,7 @@ def test_cpu_preset_publishes_a_verified_model_that_reloads(
         dataset=small_data(),
         recipe=RecipeArgs(preset=name, recipe_args=E2E_ARGS.get(name, {})),
         output=OutputArgs(save_directory=str(tmp_path / name)),
+        verify=VerifyArgs(**RANDOM_WEIGHTS),
     )
     assert read_manifest(Path(published.path)).verification.passed
     assert published.compression_ratio > 1.5

@@ -19,7 +19,9 @@ pytestmark = pytest.mark.matrix
 
 CALIBRATION_TEXTS = 256
 HELD_OUT_TEXTS = 512
-# MEASURED: filled in from `python -m benchmarks.quality_table`.
+# MEASURED (benchmarks/README.md, "Quality per preset", 3 calibration seeds): round-to-nearest
+# W4A16 +2.74% (data-free, one value); GPTQ W4A16 +1.22% to +1.41%, so a gap of 1.33 to 1.52
+# points; W8A8 +0.00% to +0.03% (6 runs with W8A8_GPTQ); FP8_DYNAMIC +0.43% (data-free).
 RTN_W4A16 = """\
 quant_stage:
   quant_modifiers:
@@ -127,5 +129,25 @@ def test_gptq_beats_round_to_nearest_at_4_bits(increase):
 
 
 def test_8_bit_schemes_stay_near_the_base(increase):
-    assert increase["W8A8"] < 0.5
-    assert increase["FP8_DYNAMIC"] < 0.5
+    assert increase["W8A8"] < 0.1  # 3x the worst of 6 runs
+    assert increase["FP8_DYNAMIC"] < 0.6  # FP8 keeps 3 mantissa bits: coarser than int8's 8
+
+
+def test_every_scheme_passes_its_familys_limits_and_the_manifest_states_them(increase, test_root):
+    """Verification ran with the defaults: each output met its scheme family's limits, and the
+    manifest holds the limits beside the figures."""
+    from compressflow.registries.thresholds import DEFAULTS, scheme_family
+    from compressflow.store.manifest import read_manifest
+
+    for name in increase:
+        manifest = read_manifest(test_root / "yardstick-outputs" / name)
+        verification, scheme = manifest.verification, manifest.result.scheme
+        limits = DEFAULTS[scheme_family(scheme)]
+        assert verification.passed
+        assert verification.logit_limits == {
+            "min_cosine": limits.cosine,
+            "max_kl": limits.kl,
+            "min_top1": limits.top1,
+        }
+        assert verification.kl_divergence <= limits.kl
+        assert verification.top1_agreement >= limits.top1

@@ -113,10 +113,17 @@ def logit_figures(check: Verification) -> str:
     """The logits comparison of a verification, or "" when it compared none."""
     if check.cosine is None:
         return ""
-    return (
+    figures = (
         f"logits cosine {significant_text(check.cosine)}, "
         f"KL {significant_text(check.kl_divergence)} nats/token, "
         f"top-1 agreement {percent(check.top1_agreement)}"
+    )
+    if not check.logit_limits:  # published before the limits were recorded
+        return figures
+    limits = check.logit_limits
+    return (
+        f"{figures} (limits: cosine >= {limits['min_cosine']}, KL <= {limits['max_kl']}, "
+        f"top-1 >= {percent(limits['min_top1'])})"
     )
 
 

@@ -1,0 +1,69 @@
+"""Verify's logits limits per scheme family: derived from learned-weights measurements by one
+rule, applied by scheme, and overridden by what the user sets."""
+
+from __future__ import annotations
+
+import pytest
+
+from compressflow.params import VerifyArgs
+from compressflow.registries.thresholds import (
+    DEFAULTS,
+    FAMILY_ORDER,
+    FLOOR,
+    MEASURED,
+    limits_from,
+    scheme_family,
+)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "family"),
+    [
+        ("W4A16", "4-bit weights"),
+        ("W4A16_ASYM", "4-bit weights"),
+        ("W4AFP8", "4-bit weights"),
+        ("NVFP4A16", "4-bit weights"),
+        ("NVFP4", "4-bit weights and activations"),
+        ("MXFP4", "4-bit weights and activations"),
+        ("W4A4", "4-bit weights and activations"),
+        ("W8A8", "8-bit"),
+        ("W8A16", "8-bit"),
+        ("FP8_DYNAMIC", "8-bit"),
+        ("FP8_BLOCK", "8-bit"),
+        ("W2A16", "other"),
+        (None, "other"),
+        ("W8A8+W4A16", "4-bit weights"),  # the loosest part decides
+        ("W8A8+custom", "other"),
+    ],
+)
+def test_a_scheme_belongs_to_the_family_of_its_weight_bits(scheme, family):
+    assert scheme_family(scheme) == family
+
+
+def test_each_familys_limits_loosen_its_worst_healthy_figure():
+    for family, worst in MEASURED.items():
+        limits = DEFAULTS[family]
+        assert limits == limits_from(worst)
+        # An output as good as the worst measured passes its family's limits.
+        assert worst.cosine >= limits.cosine and worst.kl <= limits.kl and worst.top1 >= limits.top1
+    # 8-bit outputs are held closer to the base than 4-bit ones, and both closer than the floor.
+    order = [DEFAULTS[f] for f in reversed(FAMILY_ORDER)]  # strictest first
+    assert [d.kl for d in order] == sorted(d.kl for d in order)
+    assert [d.top1 for d in order] == sorted((d.top1 for d in order), reverse=True)
+    assert DEFAULTS["other"] == FLOOR
+
+
+def test_the_family_default_applies_unless_the_user_set_a_limit():
+    assert VerifyArgs().logit_limits("FP8_DYNAMIC") == DEFAULTS["8-bit"]
+    assert VerifyArgs().logit_limits("W4A16") == DEFAULTS["4-bit weights"]
+    assert VerifyArgs().logit_limits("NVFP4") == DEFAULTS["4-bit weights and activations"]
+    assert VerifyArgs().logit_limits(None) == FLOOR
+    mixed = VerifyArgs(max_kl=0.5).logit_limits("W8A8")
+    assert mixed.kl == 0.5
+    assert (mixed.cosine, mixed.top1) == (DEFAULTS["8-bit"].cosine, DEFAULTS["8-bit"].top1)
+
+
+def test_the_run_form_states_every_familys_defaults():
+    text = VerifyArgs.model_fields["min_cosine"].description
+    for family, limits in DEFAULTS.items():
+        assert f"{family}: cosine {limits.cosine}, KL {limits.kl}, top-1 {limits.top1}" in text
