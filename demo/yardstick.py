@@ -218,7 +218,7 @@ def build_yardstick(root: str | Path, spec: YardstickSpec = YardstickSpec()) -> 
     import torch
 
     root = Path(root)
-    model_dir = root / "model"
+    model_dir = root / "yardstick-llama"
     marker = model_dir / SPEC_FILE
     found = _reuse(root, marker, spec)
     if found is not None:

@@ -1,7 +1,8 @@
 """Screenshots of what a person sees in the Prefect UI, for the README: `make screenshots`.
 
 Starts the end-to-end stack the tests use (a real `prefect server`, the README's deploy commands,
-a worker), runs the `compress` deployment on the tiny demo model, and photographs with Debian's
+a worker), runs the `compress` deployment on the demo's learned-weights model (the yardstick,
+shared with `make demo` under .demo/, so its figures are real), and photographs with Debian's
 headless `chromium` (no driver, no Python browser package): the Custom run form, the finished
 run's page, its summary and verification artifacts (with vLLM's verdict when `make vllm-env`
 built vLLM), the Artifacts page, and evaluate-model's run form. The PNGs land in docs/screenshots/.
@@ -57,11 +58,11 @@ def main() -> None:
     from prefect.client.orchestration import get_client
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from compressflow.demo.assets import build_tiny_llama
+    from compressflow.demo.yardstick import build_yardstick
 
     OUT.mkdir(parents=True, exist_ok=True)
+    yardstick = build_yardstick(ROOT / ".demo" / "yardstick")
     with tempfile.TemporaryDirectory(prefix="compressflow-ui-") as tmp:
-        model = build_tiny_llama(Path(tmp) / "tiny-llama")
         with running_stack(Path(tmp) / "stack") as stack:
             ui = stack.api_url.removesuffix("/api")
             with (
@@ -81,8 +82,12 @@ def main() -> None:
                 run = client.create_flow_run_from_deployment(
                     deployment.id,
                     parameters={
-                        "model": {"model_id": str(model)},
-                        "dataset": {"text_samples": 16, "max_seq_len": 64},
+                        "model": {"model_id": str(yardstick.model.resolve())},
+                        "dataset": {
+                            "dataset_name": str(yardstick.calibration.resolve()),
+                            "text_samples": 128,
+                            "max_seq_len": yardstick.spec.seq_len,
+                        },
                         "recipe": {"preset": "W4A16"},
                         "output": {"tags": ["demo"]},
                     },
