@@ -71,7 +71,7 @@ def main() -> None:
             ):
                 deployment = client.read_deployment_by_name("compress-model/compress")
                 shoot(
-                    f"{ui}/deployments/deployment/{deployment.id}/run", OUT / "run-form.png", 6600
+                    f"{ui}/deployments/deployment/{deployment.id}/run", OUT / "run-form.png", 8200
                 )
                 evaluation = client.read_deployment_by_name("evaluate-model/evaluate")
                 shoot(
