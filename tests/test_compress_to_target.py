@@ -227,6 +227,23 @@ def test_the_run_key_holds_the_target_only_when_one_is_set(tiny_model):
     )
 
 
+def test_the_run_key_changes_when_a_local_held_out_file_is_edited(tiny_model, tmp_path):
+    """The held-out text decides which round is published: the same arguments over an edited
+    file must not reuse the earlier result."""
+    from compressflow.store.manifest import run_key
+    from compressflow.tasks.fetch_model import fetch
+
+    held_out = tmp_path / "held_out.jsonl"
+    held_out.write_text('{"text": "one"}\n')
+    key = [fetch(ModelArgs(model_id=str(tiny_model))), None, render(RecipeArgs(preset="W4A16"))]
+    key += [RecipeArgs(), OutputArgs(), CalibrationArgs()]
+    target = TargetArgs(max_perplexity_ratio=1.02, held_out={"dataset_name": str(held_out)})
+    before = run_key(*key, target)
+    assert run_key(*key, target) == before
+    held_out.write_text('{"text": "one, edited"}\n')
+    assert run_key(*key, target) != before
+
+
 # what the run says
 
 

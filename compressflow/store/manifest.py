@@ -165,6 +165,12 @@ def run_key(
     }
     if target is not None and target.max_perplexity_ratio:
         parts["target"] = target.model_dump()
+        # The held-out text picks the winning round: a local file edited in place must not
+        # reuse what the old text chose (hub datasets are pinned by name and split).
+        if name := target.held_out.dataset_name:
+            from compressflow.store.caching import stat_signature  # caching imports this module
+
+            parts["held_out_files"] = stat_signature(Path(name).expanduser())
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
