@@ -8,6 +8,7 @@ that writes good prose. Building is idempotent: an existing, complete folder is 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -33,8 +34,9 @@ class TinyLlamaSpec:
     seed: int = 0
 
 
-def build_tokenizer(vocab_size: int):
-    """A byte-level BPE tokenizer trained on local text, with a chat template."""
+def build_tokenizer(vocab_size: int, texts: Iterable[str] | None = None):
+    """A byte-level BPE tokenizer trained on `texts` (default: the standard library's
+    docstrings), with a chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -45,7 +47,7 @@ def build_tokenizer(vocab_size: int):
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=special, show_progress=False
     )
-    tok.train_from_iterator(python_docs(), trainer=trainer)
+    tok.train_from_iterator(python_docs() if texts is None else texts, trainer=trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         unk_token="<unk>",

@@ -40,7 +40,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from compressflow.demo.assets import CHAT_TEMPLATE
+from compressflow.demo.assets import build_tokenizer
 
 SPEC_FILE = "yardstick_spec.json"
 
@@ -92,30 +92,6 @@ def corpus_files(spec: YardstickSpec) -> tuple[list[Path], list[Path]]:
 
 def _read(files: list[Path]) -> list[str]:
     return [f.read_text(encoding="utf-8", errors="replace") for f in files]
-
-
-def build_tokenizer(texts: list[str], vocab_size: int):
-    """A byte-level BPE tokenizer trained on `texts` only (the training split)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    special = ["<unk>", "<s>", "</s>", "<pad>"]
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=special, show_progress=False
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        unk_token="<unk>",
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="<pad>",
-        chat_template=CHAT_TEMPLATE,
-        model_max_length=2048,
-    )
 
 
 def windows(tokenizer, texts: list[str], length: int) -> list[str]:
@@ -229,7 +205,7 @@ def build_yardstick(root: str | Path, spec: YardstickSpec = YardstickSpec()) -> 
     try:
         train_files, held_out_files = corpus_files(spec)
         train_texts, held_out_texts = _read(train_files), _read(held_out_files)
-        tokenizer = build_tokenizer(train_texts, spec.vocab_size)
+        tokenizer = build_tokenizer(spec.vocab_size, train_texts)  # the training split only
         model, final_loss = _train(spec, tokenizer, train_texts)
         held_out = windows(tokenizer, held_out_texts, spec.seq_len)
         calibration = windows(tokenizer, train_texts, spec.seq_len)
