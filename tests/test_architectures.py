@@ -172,6 +172,7 @@ def test_vision_calibration_publishes_a_verified_model_or_refuses_clearly(
         ),
         recipe=RecipeArgs(recipe=preset),
         output=OutputArgs(save_directory=str(target)),
+        verify=VerifyArgs(**RANDOM_WEIGHTS),
     )
     if name in VISION_REFUSALS:
         with pytest.raises(CompressflowError) as raised:
