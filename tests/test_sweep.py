@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
+
 from compressflow.results import Point
 
 SWEEP = """
@@ -60,6 +62,9 @@ def compress_run_count(client) -> int:
     )
 
 
+# Eight worker runs, about 110 s: a fifth of `make test`, which it pushed past its 8 minutes; it
+# runs in `make matrix`, after `make test` in CI.
+@pytest.mark.matrix
 def test_a_grid_ranks_its_points_shares_fetch_and_dataset_and_a_rerun_finishes_a_failed_one(
     prefect_stack, stack_client, tiny_model, tmp_path
 ):
