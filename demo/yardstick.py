@@ -43,6 +43,9 @@ from pathlib import Path
 from compressflow.demo.assets import build_tokenizer
 
 SPEC_FILE = "yardstick_spec.json"
+MODEL_DIR = "yardstick-llama"
+# What a build writes under its root, and so may write over (an interrupted build's leftovers).
+OURS = {MODEL_DIR, "calibration.jsonl", "held_out.jsonl"}
 
 
 @dataclass(frozen=True)
@@ -190,15 +193,22 @@ def _train(spec: YardstickSpec, tokenizer, train_texts: list[str]):
 
 
 def build_yardstick(root: str | Path, spec: YardstickSpec = YardstickSpec()) -> Yardstick:
-    """Build the yardstick under `root` (model/, calibration.jsonl, held_out.jsonl), or reuse it."""
+    """Build the yardstick under `root` (yardstick-llama/, calibration.jsonl, held_out.jsonl), or
+    reuse it. A `root` holding anything else is refused: building writes over those names."""
     import torch
 
     root = Path(root)
-    model_dir = root / "yardstick-llama"
+    model_dir = root / MODEL_DIR
     marker = model_dir / SPEC_FILE
     found = _reuse(root, marker, spec)
     if found is not None:
         return found
+    others = sorted(p.name for p in root.iterdir() if p.name not in OURS) if root.is_dir() else []
+    if others:
+        raise FileExistsError(
+            f"{root} holds files the yardstick did not write ({', '.join(others[:3])}); give it "
+            "an empty or new folder"
+        )
     wall, cpu = time.perf_counter(), time.process_time()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

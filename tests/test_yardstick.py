@@ -151,3 +151,10 @@ def test_every_scheme_passes_its_familys_limits_and_the_manifest_states_them(inc
         }
         assert verification.kl_divergence <= limits.kl
         assert verification.top1_agreement >= limits.top1
+
+
+def test_a_folder_holding_other_files_is_refused_before_training(tmp_path):
+    (tmp_path / "notes.txt").write_text("the user's")
+    with pytest.raises(FileExistsError, match="notes.txt"):
+        build_yardstick(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
