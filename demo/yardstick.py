@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from compressflow.demo.assets import build_tokenizer
+from compressflow.reporting import quality
 
 SPEC_FILE = "yardstick_spec.json"
 MODEL_DIR = "yardstick-llama"
@@ -131,18 +132,10 @@ def _write_jsonl(path: Path, texts: list[str]) -> None:
 
 
 def perplexity(model, tokenizer, texts: list[str], max_len: int) -> float:
-    """exp(mean next-token NLL) over every position of `texts`, one text per forward."""
-    import torch
-
-    nll, count = 0.0, 0
-    with torch.inference_mode():
-        for text in texts:
-            ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
-            ids = ids[:, :max_len]
-            loss = model(input_ids=ids, labels=ids).loss.item()
-            nll += loss * (ids.shape[1] - 1)
-            count += ids.shape[1] - 1
-    return math.exp(nll / count)
+    """Perplexity over every next-token position of `texts`, each cut to `max_len` tokens, scored
+    as the flows score (compressflow.reporting.quality.perplexity)."""
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return quality.perplexity(model, [ids[:max_len] for ids in encoded])
 
 
 def _train(spec: YardstickSpec, tokenizer, train_texts: list[str]):

@@ -45,12 +45,8 @@ def score(base, compressed, input_ids: list[list[int]]) -> QualityMetrics:
         for ids in input_ids:
             # One sample per forward: no padding, so every position is real text.
             tokens = torch.tensor([ids], device=base.device)
-            mask = torch.ones_like(tokens)
-            logp = F.log_softmax(base(tokens, attention_mask=mask).logits[0, :-1].float(), dim=-1)
-            logits_q = compressed(
-                tokens.to(compressed.device), attention_mask=mask.to(compressed.device)
-            ).logits
-            logq = F.log_softmax(logits_q[0, :-1].float().to(logp.device), dim=-1)
+            logp = next_token_logprobs(base, tokens)
+            logq = next_token_logprobs(compressed, tokens).to(logp.device)
             targets = tokens[0, 1:].to(logp.device)
             nll_base -= logp.gather(1, targets[:, None]).sum().item()
             nll_compressed -= logq.gather(1, targets[:, None]).sum().item()
@@ -126,18 +122,27 @@ def logits_of(model, samples: list[list[int]]) -> list:
         ]
 
 
+def next_token_logprobs(model, tokens):
+    """Log-probabilities of the next token at every position but the last, for one unpadded
+    sample (`tokens`: [1, length]); float32 on the model's device."""
+    import torch
+    import torch.nn.functional as F
+
+    tokens = tokens.to(model.device)
+    logits = model(tokens, attention_mask=torch.ones_like(tokens)).logits
+    return F.log_softmax(logits[0, :-1].float(), dim=-1)
+
+
 def perplexity(model, input_ids: list[list[int]]) -> float:
     """One model's perplexity over every next-token position, scored as `score` scores each model
     (one sample per forward, no padding): for a model measured once and compared many times."""
     import torch
-    import torch.nn.functional as F
 
     nll, positions = 0.0, 0
     with torch.inference_mode():
         for ids in input_ids:
             tokens = torch.tensor([ids], device=model.device)
-            logits = model(tokens, attention_mask=torch.ones_like(tokens)).logits
-            logp = F.log_softmax(logits[0, :-1].float(), dim=-1)
+            logp = next_token_logprobs(model, tokens)
             nll -= logp.gather(1, tokens[0, 1:, None]).sum().item()
             positions += len(ids) - 1
     return math.exp(nll / positions)
