@@ -27,6 +27,7 @@ from compressflow.params import (
     TargetArgs,
 )
 from compressflow.results import BuiltDataset, FetchedModel, MemoryPlan, RenderedRecipe
+from compressflow.runtime.isolation import in_child
 from compressflow.store.disk_space import check_free_space
 from compressflow.store.manifest import check_apart, check_target, output_path, run_key
 from compressflow.tasks.adapt_recipe import adapt_recipe
@@ -64,8 +65,8 @@ def resolve_inputs(
 ) -> Inputs:
     target_args = target_args or TargetArgs()
     rendered = run(render_recipe, recipe)
-    # Called directly, not as a stage: a check of this process's hardware, never cached.
-    refuse_unsupported(rendered)
+    # Not a stage: a check of this worker's hardware (torch's view of it), never cached.
+    in_child(refuse_unsupported, rendered)
     # A target needs the per-module error only GPTQ reports: refused before anything downloads.
     check_searchable(rendered, target_args)
     local = Path(model.model_id).expanduser()
@@ -91,8 +92,12 @@ def resolve_inputs(
 def check_output(inputs: Inputs, output: OutputArgs) -> Path:
     """The output folder takes this model, and its disk has room for the checkpoint."""
     check_target(inputs.target, inputs.key, output.overwrite)
-    check_free_space(
-        inputs.target.parent, inputs.model, inputs.recipe.scheme, output.save_compressed
+    in_child(  # reads the scheme's bits from compressed-tensors
+        check_free_space,
+        inputs.target.parent,
+        inputs.model,
+        inputs.recipe.scheme,
+        output.save_compressed,
     )
     return inputs.target
 

@@ -28,6 +28,7 @@ from compressflow.recipes.tree import add_ignore, dump_recipe, iter_modifiers, q
 from compressflow.registries.architectures import ARCHITECTURES, Architecture
 from compressflow.reporting import tracking
 from compressflow.results import FetchedModel, RenderedRecipe
+from compressflow.runtime.isolation import in_child
 
 
 def model_config(model: FetchedModel) -> dict[str, Any]:
@@ -39,6 +40,10 @@ def vision_modules(model: FetchedModel, config: dict[str, Any]) -> list[str]:
     meta model is built only for configs with a sub-config besides the text one."""
     if not any(key.endswith("_config") and key != "text_config" for key in config):
         return []
+    return in_child(meta_vision_modules, model)
+
+
+def meta_vision_modules(model: FetchedModel) -> list[str]:
     from transformers import AutoConfig
 
     loaded = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)

@@ -32,6 +32,7 @@ from compressflow.logs import run_logger
 from compressflow.params import DatasetArgs
 from compressflow.reporting import tracking
 from compressflow.results import BuiltDataset, FetchedModel
+from compressflow.runtime.isolation import in_child
 from compressflow.store.caching import CACHE_EXPIRATION, LocalSourceAware, cache_root
 
 
@@ -55,7 +56,7 @@ def build_dataset(
             "the recipe needs calibration data but text_samples and vision_samples are both 0",
             "set text_samples (e.g. 256) or, for a vision-language model, vision_samples",
         )
-    built = build(args, model)
+    built = in_child(build, args, model)
     stats = built.token_stats
     logger.info(
         "Built %d samples from %s: %d to %d tokens (mean %.0f, total %d), chat template %s; %s",

@@ -20,6 +20,7 @@ from compressflow.data.text_sources import (
 from compressflow.logs import run_logger
 from compressflow.params import DatasetArgs
 from compressflow.results import FetchedModel, HeldOutText
+from compressflow.runtime.isolation import in_child
 
 # DatasetArgs fields that decide which rows exist: equal ones mean the same source rows.
 SOURCE_FIELDS = ("dataset_name", "dataset_config_name", "split", "text_column", "dataset_loader")
@@ -30,6 +31,19 @@ def build_held_out(
     args: DatasetArgs, model: FetchedModel, calibration: DatasetArgs | None
 ) -> HeldOutText:
     """`args.text_samples` texts from `args`' source, without the rows calibration used."""
+    held_out = in_child(held_out_text, args, model, calibration)
+    run_logger(__name__).info(
+        "Held-out text: %d samples from %s (%d calibration rows left out)",
+        len(held_out.input_ids),
+        held_out.source,
+        held_out.excluded_calibration_samples,
+    )
+    return held_out
+
+
+def held_out_text(
+    args: DatasetArgs, model: FetchedModel, calibration: DatasetArgs | None
+) -> HeldOutText:
     tokenizer = load_tokenizer(model)
     dataset, source, entry = load_source(args)
     format_row, templated = row_formatter(dataset, args, entry, tokenizer, source)
@@ -51,15 +65,8 @@ def build_held_out(
         excluded = before - len(dataset)
     texts = sample_texts(dataset, format_row, args.text_samples, args.seed, source)
     tokenized = tokenize(texts, tokenizer, args.max_seq_len, add_special_tokens=not templated)
-    held_out = HeldOutText(
+    return HeldOutText(
         source=source,
         input_ids=[ids for ids in tokenized["input_ids"] if len(ids) > 1],
         excluded_calibration_samples=excluded,
     )
-    run_logger(__name__).info(
-        "Held-out text: %d samples from %s (%d calibration rows left out)",
-        len(held_out.input_ids),
-        source,
-        excluded,
-    )
-    return held_out

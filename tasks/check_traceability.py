@@ -28,6 +28,7 @@ from compressflow.model.tracing import meta_model
 from compressflow.params import RecipeArgs
 from compressflow.reporting import tracking
 from compressflow.results import BuiltDataset, FetchedModel, RenderedRecipe, TraceReport
+from compressflow.runtime.isolation import in_child
 
 
 def _maxrss_mb() -> float:
@@ -264,6 +265,29 @@ def first_sample(dataset: BuiltDataset) -> dict[str, Any]:
     return model_inputs(load_from_disk(dataset.path)[0])
 
 
+def check_shapes(model: FetchedModel, recipe: RenderedRecipe) -> None:
+    """The recipe's group sizes and SmoothQuant mappings fit the model's layers."""
+    check_group_sizes(model, recipe)
+    check_smoothquant_mappings(model, recipe)
+
+
+def trace(
+    model: FetchedModel, recipe: RenderedRecipe, dataset: BuiltDataset, args: RecipeArgs
+) -> TraceReport:
+    """The model's config traced on the meta device as the sequential pipeline will."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    return trace_config(
+        config,
+        first_sample(dataset),
+        model_class=model.model_class,
+        sequential_targets=args.sequential_targets or recipe.sequential_targets,
+        tracing_ignore=args.tracing_ignore or None,
+        trust_remote_code=model.trust_remote_code,
+    )
+
+
 @task(name="check traceability")
 def check_traceability(
     model: FetchedModel, recipe: RenderedRecipe, dataset: BuiltDataset | None, args: RecipeArgs
@@ -271,8 +295,7 @@ def check_traceability(
     """Trace the model as the sequential pipeline will, or say why no trace is needed."""
     logger = run_logger(__name__)
     tracker = tracking.current()
-    check_group_sizes(model, recipe)
-    check_smoothquant_mappings(model, recipe)
+    in_child(check_shapes, model, recipe)
 
     # render_recipe resolves 'independent' to what it runs ('sequential' for data modifiers).
     if recipe.pipeline != "sequential":
@@ -290,18 +313,8 @@ def check_traceability(
             "recipe",
         )
 
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
     try:
-        report = trace_config(
-            config,
-            first_sample(dataset),
-            model_class=model.model_class,
-            sequential_targets=args.sequential_targets or recipe.sequential_targets,
-            tracing_ignore=args.tracing_ignore or None,
-            trust_remote_code=model.trust_remote_code,
-        )
+        report = in_child(trace, model, recipe, dataset, args)
     except TraceabilityError as exc:
         logger.error("Traceability check failed: %s", exc)
         tracker.params("traceability", {"checked": False, "error": str(exc)})

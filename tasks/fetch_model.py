@@ -24,10 +24,11 @@ from compressflow import compat
 from compressflow.errors import HubUnavailableError, ModelFetchError
 from compressflow.limits import read_json
 from compressflow.logs import run_logger
-from compressflow.model.checkpoint import tensor_index
+from compressflow.model.checkpoint import read_header, tensor_index
 from compressflow.params import DEFAULT_MODEL_CLASS, ModelArgs
 from compressflow.reporting import tracking
 from compressflow.results import FetchedModel
+from compressflow.runtime.isolation import in_child
 from compressflow.store.caching import CACHE_EXPIRATION, LocalSourceAware
 from compressflow.store.disk_space import folder_size
 
@@ -329,7 +330,7 @@ def fetch(args: ModelArgs, weights: bool = True) -> FetchedModel:
         size_bytes=folder_size(path),
         parameters=parameter_count(path),
         trust_remote_code=args.trust_remote_code,
-        model_class=loading_class(path, args),
+        model_class=in_child(loading_class, path, args),
     )
 
 
@@ -353,18 +354,11 @@ def check_weight_files(path: Path) -> None:
             )
     for file in sorted(path.glob("*.safetensors")):
         size = file.stat().st_size
-        with file.open("rb") as handle:
-            prefix = handle.read(8)
-            length = int.from_bytes(prefix, "little") if len(prefix) == 8 else -1
-            header = handle.read(length) if 0 <= length <= size - 8 else b""
-        try:
-            tensors = json.loads(header) if header else None
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            tensors = None
-        if tensors is None:
+        if (header := read_header(file)) is None:
             raise ModelFetchError(
                 "model.model_id", f"{file} is not a readable safetensors file (corrupt header)", fix
             )
+        length, tensors = header
         end = max(
             (spec["data_offsets"][1] for name, spec in tensors.items() if name != "__metadata__"),
             default=0,

@@ -17,6 +17,7 @@ from compressflow.model.memory import plan_for
 from compressflow.params import CalibrationArgs, RecipeArgs
 from compressflow.reporting import tracking
 from compressflow.results import BuiltDataset, FetchedModel, MemoryPlan, RenderedRecipe
+from compressflow.runtime.isolation import in_child
 
 
 @task(name="plan memory", cache_policy=NO_CACHE)
@@ -29,7 +30,9 @@ def plan_memory(
     target: str,
 ) -> MemoryPlan:
     """Plan calibration's memory for this worker; ResourceError when nothing fits."""
-    plan = plan_for(model, recipe, dataset, args, Path(target), recipe_args.sequential_targets)
+    plan = in_child(
+        plan_for, model, recipe, dataset, args, Path(target), recipe_args.sequential_targets
+    )
     log = run_logger(__name__)
     log.info("Memory plan: %s", plan.summary())
     for note in plan.notes:

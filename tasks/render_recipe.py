@@ -13,6 +13,7 @@ from compressflow.params import RecipeArgs
 from compressflow.recipes.render import render
 from compressflow.reporting import tracking
 from compressflow.results import RenderedRecipe
+from compressflow.runtime.isolation import in_child
 from compressflow.store.caching import CACHE_EXPIRATION, LocalSourceAware
 
 
@@ -26,7 +27,7 @@ from compressflow.store.caching import CACHE_EXPIRATION, LocalSourceAware
 )
 def render_recipe(args: RecipeArgs) -> RenderedRecipe:
     """Render, validate and log the recipe; RecipeError says what to fix before any model loads."""
-    rendered = render(args)
+    rendered = in_child(render, args)  # validating imports llm-compressor
     log = run_logger(__name__)
     log.info(
         "Recipe from %s: %s, scheme %s, pipeline %s (sha256 %s)",

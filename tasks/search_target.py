@@ -38,6 +38,7 @@ from compressflow.results import (
     TargetRound,
     TargetSearch,
 )
+from compressflow.runtime.isolation import in_child
 from compressflow.store.manifest import remove_staging
 
 FIELD = "target.max_perplexity_ratio"
@@ -120,6 +121,10 @@ def with_unquantized(recipe: RenderedRecipe, modules: list[str]) -> RenderedReci
 @task(name="measure perplexity", cache_policy=NO_CACHE)
 def measure_perplexity(path: str, model: FetchedModel, held_out: HeldOutText) -> float:
     """Held-out perplexity of the checkpoint at `path` (the base, or a round's staged output)."""
+    return in_child(perplexity_of, path, model, held_out)
+
+
+def perplexity_of(path: str, model: FetchedModel, held_out: HeldOutText) -> float:
     loaded = load_causal_lm(path, model.model_class, model.trust_remote_code)
     try:
         return perplexity(loaded, held_out.input_ids)

@@ -57,6 +57,7 @@ from compressflow.results import (
     Verification,
     VerificationCheck,
 )
+from compressflow.runtime.isolation import in_child
 
 # Which parameter each failed check points at, and what to do about it. "recipe" stands for the
 # one the user gave the recipe in (recipe.preset or recipe.recipe).
@@ -358,16 +359,14 @@ def verification_markdown(result: Verification, target: str, name: str) -> str:
     )
 
 
-@task(name="verify", cache_policy=NO_CACHE)
-def verify(
+def run_checks(
     calibration: Calibration,
     model: FetchedModel,
     recipe: RenderedRecipe,
     plan: MemoryPlan,
     args: VerifyArgs,
-    target: str,
 ) -> Verification:
-    """Reload the staged checkpoint and prove it; raise VerificationError when it fails."""
+    """Every check, in a process of its own (the reload holds the model)."""
     started = time.perf_counter()
     staging = Path(calibration.staging_path)
     checks = [
@@ -388,7 +387,7 @@ def verify(
     if reference and all(check.passed for check in checks):  # vLLM last: the slowest check
         vllm_check, served = check_vllm(staging, model, reference["input_ids"], args)
         checks.append(vllm_check)
-    result = Verification(
+    return Verification(
         passed=all(check.passed or not check.checked for check in checks),
         checks=checks,
         vllm=served,
@@ -396,8 +395,21 @@ def verify(
         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         **figures,
     )
+
+
+@task(name="verify", cache_policy=NO_CACHE)
+def verify(
+    calibration: Calibration,
+    model: FetchedModel,
+    recipe: RenderedRecipe,
+    plan: MemoryPlan,
+    args: VerifyArgs,
+    target: str,
+) -> Verification:
+    """Reload the staged checkpoint and prove it; raise VerificationError when it fails."""
+    result = in_child(run_checks, calibration, model, recipe, plan, args)
     log = run_logger(__name__)
-    for check in checks:
+    for check in result.checks:
         (log.info if check.passed else log.error if check.checked else log.warning)(
             "verify %s: %s: %s", check.name, check.verdict(), check.detail
         )

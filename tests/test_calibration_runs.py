@@ -317,15 +317,20 @@ def test_auto_rounds_own_exit_fails_the_run_with_its_words(tiny_model, tmp_path,
     auto-round, which calls sys.exit(-1) in the calibration process."""
     from compressflow.flows.compress import compress
     from compressflow.model import memory
-    from compressflow.params import DatasetArgs, ModelArgs, OutputArgs
+    from compressflow.params import CalibrationArgs, DatasetArgs, ModelArgs, OutputArgs
 
     monkeypatch.setattr(memory, "ONE_SAMPLE_MODIFIERS", {})
+    # The plan is made here, where the patch above holds, not in a child process.
+    monkeypatch.setattr(
+        "compressflow.tasks.plan_memory.in_child", lambda function, *args: function(*args)
+    )
     with pytest.raises(CalibrationError) as raised:
         compress(
             model=ModelArgs(model_id=str(tiny_model)),
             dataset=DatasetArgs(text_samples=32, max_seq_len=32),
             recipe=RecipeArgs(preset="W4A16_AUTOROUND", recipe_args={"iters": 2}),
             output=OutputArgs(save_directory=str(tmp_path / "out")),
+            calibration=CalibrationArgs(batch_size=16),
         )
     error = raised.value
     assert error.field == "calibration.batch_size"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import SEED_GUIDE_W4A16
+from stand_ins import no_hardware_check
 
 from compressflow.errors import CalibrationError, PublishError, VerificationError
 from compressflow.flows.compress import compress
@@ -218,7 +219,7 @@ def test_a_library_failure_during_calibration_names_the_field_and_publishes_noth
 ):
     """AWQ fails inside oneshot on CPU-only torch (it pins memory). The hardware check refuses it
     first; with that check out of the way it stands for any failure no check foresaw."""
-    monkeypatch.setattr("compressflow.flows.checks.refuse_unsupported", lambda recipe: None)
+    monkeypatch.setattr("compressflow.flows.checks.refuse_unsupported", no_hardware_check)
     target = tmp_path / "out"
     with pytest.raises(CalibrationError) as raised:
         compress(

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from conftest import RANDOM_WEIGHTS
 from reload_check import assert_published_model_matches_base
+from stand_ins import no_hardware_check
 
 from compressflow.errors import RecipeError
 from compressflow.flows.compress import compress
@@ -165,7 +166,7 @@ def test_gpu_only_preset_is_refused_here_and_passes_every_other_check(
         with pytest.raises(RecipeError, match="needs a CUDA GPU worker"):
             validate(**params)
     # What a GPU worker checks beyond the hardware, without weights: the trace on the meta model.
-    monkeypatch.setattr("compressflow.flows.checks.refuse_unsupported", lambda recipe: None)
+    monkeypatch.setattr("compressflow.flows.checks.refuse_unsupported", no_hardware_check)
     checks = {check.name: check.detail for check in validate(**params).checks}
     if PRESETS[name].needs_data:
         assert re.search(r"\d+ subgraphs", checks["traceability"]), checks

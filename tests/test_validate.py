@@ -349,6 +349,27 @@ def test_cli_is_quiet(models, tmp_path):
     assert lines[-1] == f"Output: {tmp_path / 'out'}"
 
 
+# What the flow's own process must never import: they live in its child processes (in_child).
+HEAVY = ("torch", "transformers", "llmcompressor", "datasets", "compressed_tensors")
+
+
+def test_the_checks_leave_the_flows_process_light(models, tmp_path):
+    """Every pre-calibration check (render, fetch, dataset, plan, trace) answers without the
+    calling process importing torch or the model libraries: a worker's flow process stays small."""
+    file = tmp_path / "params.yaml"
+    file.write_text(json.dumps(params(models, tmp_path)))
+    script = (
+        "import sys; from compressflow.flows.cli import main; code = main(['validate', "
+        f"{str(file)!r}]); print('HEAVY', sorted(m for m in {HEAVY!r} if m in sys.modules)); "
+        "sys.exit(code)"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=os.environ.copy()
+    )
+    assert run.returncode == 0, run.stderr
+    assert "HEAVY []" in run.stdout, run.stdout
+
+
 def test_cli_verbose_leaves_the_libraries_output_alone(models, tmp_path, capsys, monkeypatch):
     quieted = []
 

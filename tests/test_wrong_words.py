@@ -80,6 +80,8 @@ def test_verification_failure_of_a_preset_names_recipe_preset(tmp_path, monkeypa
     # The checkpoint reloads, but config.json lacks the quantization config the recipe implies.
     reloaded = VerificationCheck(name="reload", passed=True, detail="clean")
     monkeypatch.setattr(verify_module, "reload", lambda *args: (None, reloaded))
+    # The checks run here, not in a child, so the stand-in reload above is the one called.
+    monkeypatch.setattr(verify_module, "in_child", lambda function, *args: function(*args))
     monkeypatch.setattr(verify_module, "create_markdown_artifact", lambda *args, **kwargs: None)
     calibration = Calibration(
         staging_path=str(staging), seconds=1, peak_rss_mb=1, checkpoint_bytes=1

@@ -1,4 +1,5 @@
-"""Run a function in its own process, so that stopping it really stops it.
+"""Run a function in its own process, so that stopping it really stops it, and so that the
+flow's own process never imports torch, transformers or llm-compressor.
 
 Calibration holds the model, llm-compressor's session and, on a GPU host, CUDA memory. Run in the
 task's own process, a Prefect timeout or cancellation only raises in the waiting thread while
@@ -14,6 +15,11 @@ copied to the task's, keeping a short tail: libraries end the process themselves
 `sys.exit(-1)`, a native crash aborts, the kernel's OOM killer sends SIGKILL), and that tail, their
 last words, goes into the CalibrationError that such an end becomes. The same launcher is where a
 `torchrun` start for multi-GPU calibration would go (see the README).
+
+Every stage that needs those libraries (rendering a recipe, building the dataset, the memory plan,
+tracing, calibration, verification) does that part through `in_child`: the task's process keeps
+Prefect, ClearML and the results, about 0.3 GB, and the libraries and weights live in children
+that share the forkserver's imported pages and give everything back when they exit.
 """
 
 from __future__ import annotations
@@ -35,10 +41,10 @@ from multiprocessing import spawn
 from multiprocessing.connection import wait
 from typing import Any
 
-from compressflow.errors import CalibrationError
+from compressflow.errors import CalibrationError, CompressflowError
 from compressflow.logs import run_logger
 
-PRELOAD = ["torch", "transformers", "llmcompressor"]
+PRELOAD = ["torch", "transformers", "llmcompressor", "datasets"]
 KILL_GRACE_SECONDS = 10
 TAIL_LINES = 6  # the child's last words kept for the error
 _PROGRESS_BAR = re.compile(r"\d+%\|")  # tqdm redraws: noise, not last words
@@ -296,7 +302,8 @@ def run_isolated(
                 return payload
             if kind == "error":
                 exc, cause, text = payload
-                log.error("%s failed in its process:\n%s", what, text)
+                if not isinstance(exc, CompressflowError):  # a refusal says all it needs to
+                    log.error("%s failed in its process:\n%s", what, text)
                 raise exc from cause
             if kind == "ended":
                 how, text = payload
@@ -316,3 +323,17 @@ def run_isolated(
         if process.is_alive():
             process.kill()
         process.join()
+
+
+def _call(function: Callable, args: tuple, events: Callable) -> Any:
+    return function(*args)
+
+
+def in_child(function: Callable, *args: Any) -> Any:
+    """`function(*args)` in a child forked from the forkserver: its result or its exception.
+
+    For the stages' work that needs torch, transformers or llm-compressor: they are imported in
+    the forkserver once and never in the task's process. `function` and `args` must pickle.
+    """
+    name = getattr(function, "__name__", "stage")
+    return run_isolated(_call, (function, args), lambda kind, payload: None, name)
