@@ -134,3 +134,21 @@ def test_a_dying_rank_fails_the_run_naming_it_and_stops_the_others(
     with pytest.raises(ProcessLookupError):
         os.kill(rank_zero, 0)
     assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("compressflow-ranks-*"))
+
+
+def test_the_flows_checks_refuse_too_few_gpus_before_the_output_or_any_weights(
+    tiny_model, tmp_path, monkeypatch
+):
+    from compressflow.flows.validate import validate
+
+    monkeypatch.setenv("COMPRESSFLOW_GPU_DEVICES", "0")
+    with pytest.raises(CalibrationError) as raised:
+        validate(
+            model={"model_id": str(tiny_model)},
+            dataset={"dataset_name": "python_docs", "text_samples": 8, "max_seq_len": 64},
+            recipe={"recipe": "W4A16"},
+            output={"save_directory": str(tmp_path / "out")},
+            calibration={"gpus": 2},
+        )
+    assert raised.value.field == "calibration.gpus"
+    assert not (tmp_path / "out").exists()
