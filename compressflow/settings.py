@@ -47,6 +47,11 @@ class Settings(BaseSettings):
         description="Comma-separated GPU indices this host's calibrations may use (e.g. 0,1), "
         "'none' for none; empty: CUDA_VISIBLE_DEVICES, else what `nvidia-smi -L` lists.",
     )
+    gpu_slots: bool = Field(
+        default=True,
+        description="Take a gpu:N concurrency slot per GPU while calibrating; false where the "
+        "scheduler already gives each run GPUs of its own (a Kubernetes pod, a container).",
+    )
     gpu_slot_prefix: str = Field(
         default="",
         description="Put before each GPU's concurrency-limit name (<prefix>gpu:0) so hosts "

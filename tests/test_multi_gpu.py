@@ -152,3 +152,10 @@ def test_the_flows_checks_refuse_too_few_gpus_before_the_output_or_any_weights(
         )
     assert raised.value.field == "calibration.gpus"
     assert not (tmp_path / "out").exists()
+
+
+def test_a_run_whose_gpus_are_its_own_takes_them_without_a_slot(monkeypatch):
+    monkeypatch.setenv("COMPRESSFLOW_GPU_DEVICES", "0,1,2")
+    monkeypatch.setenv("COMPRESSFLOW_GPU_SLOTS", "false")  # a pod's: no Prefect server is asked
+    with gpus.gpu_slots(2, None) as held:
+        assert held == ["0", "1"]

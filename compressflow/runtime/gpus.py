@@ -4,7 +4,8 @@ Runs that share a GPU host each take a slot from a Prefect global concurrency li
 (`gpu:0`, `gpu:1`..., limit 1 each) for as long as they calibrate: two runs on a one-GPU host run
 one after the other, and a run on a host with a free GPU takes that one. Detection does not import
 torch (the flow's own process stays light): an operator's COMPRESSFLOW_GPU_DEVICES, else
-CUDA_VISIBLE_DEVICES, else `nvidia-smi -L`. A host with none takes no slot.
+CUDA_VISIBLE_DEVICES, else `nvidia-smi -L`. A host with none takes no slot, and neither does a
+run whose GPUs a scheduler gave it alone (COMPRESSFLOW_GPU_SLOTS=false: a Kubernetes pod).
 """
 
 from __future__ import annotations
@@ -122,6 +123,9 @@ def gpu_slots(gpus: int, timeout_seconds: float | None) -> Iterator[list[str]]:
         yield []
         return
     refuse_too_few(gpus, host)
+    if not settings().gpu_slots:  # the run's GPUs are its own (a pod's): nothing to share
+        yield host[:gpus]
+        return
     ensure_limits(host)
     log = run_logger(__name__)
     names = ", ".join(slot_name(device) for device in host)
@@ -134,12 +138,13 @@ def gpu_slots(gpus: int, timeout_seconds: float | None) -> Iterator[list[str]]:
                 if len(chosen) < gpus and _take(held, device):
                     chosen.append(device)
             if len(chosen) == gpus:
-                log.info(
-                    "Calibrating on %s (CUDA_VISIBLE_DEVICES=%s)",
-                    ", ".join(slot_name(device) for device in chosen),
-                    ",".join(chosen),
-                )
-                yield chosen
+                taken = ", ".join(slot_name(device) for device in chosen)
+                log.info("Calibrating on %s (CUDA_VISIBLE_DEVICES=%s)", taken, ",".join(chosen))
+                try:
+                    yield chosen
+                finally:
+                    held.close()
+                    log.info("Released %s", taken)  # after the release: a waiting run may start
                 return
         if not waiting:
             bound = f"at most {timeout_seconds / 60:g} min" if timeout_seconds else "no limit"

@@ -13,25 +13,30 @@ import faulthandler
 import os
 import pickle
 import sys
+from contextlib import AbstractContextManager, nullcontext
 from multiprocessing.connection import Client
 from pathlib import Path
 
 
-def join_process_group() -> None:
-    """Join the job's process group as torchrun's RANK / LOCAL_RANK / WORLD_SIZE say.
+def join_process_group() -> AbstractContextManager:
+    """Join the job's process group as torchrun's RANK / LOCAL_RANK / WORLD_SIZE say; the context
+    the job's model loads in.
 
-    On a GPU host, compressed-tensors' `init_dist` (NCCL, this rank's GPU), as llm-compressor's
-    distributed oneshot needs; without one, gloo, which carries the launch but not oneshot.
+    On a GPU host, what llm-compressor's distributed oneshot asks of each rank: compressed-tensors'
+    `init_dist` (NCCL, this rank's GPU), and `load_offloaded_model`, under which the job's
+    `from_pretrained` loads the weights once and shares them instead of once per rank. Without a
+    GPU, gloo and a plain load: enough for the launch, not for oneshot (FIELD_NOTES).
     """
     import torch
     import torch.distributed as dist
 
     if torch.cuda.is_available():
-        from compressed_tensors.offload import init_dist
+        from compressed_tensors.offload import init_dist, load_offloaded_model
 
         init_dist()
-    else:
-        dist.init_process_group(backend="gloo")
+        return load_offloaded_model()
+    dist.init_process_group(backend="gloo")
+    return nullcontext()
 
 
 def main(folder: Path) -> None:
@@ -48,9 +53,10 @@ def main(folder: Path) -> None:
 
     from compressflow.runtime.isolation import serve
 
-    join_process_group()
+    loading = join_process_group()
     try:
-        serve(conn, target, args)
+        with loading:
+            serve(conn, target, args)
     finally:
         import torch.distributed as dist
 
