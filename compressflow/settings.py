@@ -54,6 +54,7 @@ class Settings(BaseSettings):
     )
     gpu_slot_prefix: str = Field(
         default="",
+        pattern=r"^[^/%&><]*$",  # characters Prefect refuses in a limit's name
         description="Put before each GPU's concurrency-limit name (<prefix>gpu:0) so hosts "
         "sharing one Prefect server keep their slots apart; empty: gpu:0, gpu:1...",
     )

@@ -63,7 +63,7 @@ def completed(client, prefect_stack, run):
 def test_two_runs_on_a_one_gpu_host_calibrate_one_after_the_other(
     client, prefect_stack, tiny_model, tmp_path
 ):
-    env = {"COMPRESSFLOW_GPU_DEVICES": "0", "COMPRESSFLOW_GPU_SLOT_PREFIX": f"{uuid.uuid4()}/"}
+    env = {"COMPRESSFLOW_GPU_DEVICES": "0", "COMPRESSFLOW_GPU_SLOT_PREFIX": f"{uuid.uuid4()}:"}
     runs = [submit(client, tiny_model, tmp_path, env, name) for name in ("first", "second")]
     first, second = sorted(
         (completed(client, prefect_stack, run) for run in runs),
@@ -71,7 +71,7 @@ def test_two_runs_on_a_one_gpu_host_calibrate_one_after_the_other(
     )
     for log in (first, second):
         assert re.fullmatch(
-            r"Calibrating on \S+/gpu:0 \(CUDA_VISIBLE_DEVICES=0\)", log["Calibrating"][1]
+            r"Calibrating on \S+:gpu:0 \(CUDA_VISIBLE_DEVICES=0\)", log["Calibrating"][1]
         )
     # The second took the slot after the first gave it back: their windows do not overlap.
     assert second["Calibrating"][0] >= first["Released"][0], (first, second)
@@ -85,7 +85,7 @@ def test_a_run_takes_the_free_gpu_while_another_is_held(
 
     from compressflow.runtime.gpus import ensure_limits
 
-    prefix = f"{uuid.uuid4()}/"
+    prefix = f"{uuid.uuid4()}:"
     monkeypatch.setenv("COMPRESSFLOW_GPU_SLOT_PREFIX", prefix)  # for ensure_limits, here
     env = {"COMPRESSFLOW_GPU_DEVICES": "0,1", "COMPRESSFLOW_GPU_SLOT_PREFIX": prefix}
     with temporary_settings({PREFECT_API_URL: prefect_stack.api_url}):

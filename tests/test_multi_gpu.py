@@ -62,8 +62,8 @@ def test_devices_come_from_the_override_then_cuda_visible_devices(monkeypatch):
     monkeypatch.delenv("COMPRESSFLOW_GPU_DEVICES")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,-1,3")  # CUDA stops at the first invalid one
     assert gpus.devices() == ["2"]
-    monkeypatch.setenv("COMPRESSFLOW_GPU_SLOT_PREFIX", "host-a/")
-    assert gpus.slot_name("2") == "host-a/gpu:2"
+    monkeypatch.setenv("COMPRESSFLOW_GPU_SLOT_PREFIX", "host-a:")
+    assert gpus.slot_name("2") == "host-a:gpu:2"
 
 
 def test_a_cpu_host_takes_no_slot(monkeypatch):

@@ -102,10 +102,11 @@ def _take(stack: ExitStack, device: str) -> bool:
                 raise_on_lease_renewal_failure=False,  # a lost API call must not end hours of work
             )
         )
-    except httpx.HTTPStatusError as exc:
-        if exc.response.status_code != 423:  # 423 Locked: the slot is taken
-            raise
-        return False
+    except Exception as exc:  # Prefect wraps the API's answer; 423 Locked: the slot is taken
+        answer = exc.__cause__
+        if isinstance(answer, httpx.HTTPStatusError) and answer.response.status_code == 423:
+            return False
+        raise
     return True
 
 
