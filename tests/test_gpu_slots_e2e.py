@@ -8,7 +8,7 @@ Prefect run log ("Calibrating on ..." / "Released ..."), written by the calibrat
 
 from __future__ import annotations
 
-import re
+import time
 import uuid
 from datetime import datetime
 
@@ -61,18 +61,32 @@ def completed(client, prefect_stack, run):
 
 
 def test_two_runs_on_a_one_gpu_host_calibrate_one_after_the_other(
-    client, prefect_stack, tiny_model, tmp_path
+    client, prefect_stack, tiny_model, tmp_path, monkeypatch
 ):
-    env = {"COMPRESSFLOW_GPU_DEVICES": "0", "COMPRESSFLOW_GPU_SLOT_PREFIX": f"{uuid.uuid4()}:"}
-    runs = [submit(client, tiny_model, tmp_path, env, name) for name in ("first", "second")]
+    from prefect.concurrency.sync import concurrency
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from compressflow.runtime.gpus import ensure_limits
+
+    prefix = f"{uuid.uuid4()}:"
+    monkeypatch.setenv("COMPRESSFLOW_GPU_SLOT_PREFIX", prefix)  # for ensure_limits, here
+    env = {"COMPRESSFLOW_GPU_DEVICES": "0", "COMPRESSFLOW_GPU_SLOT_PREFIX": prefix}
+    with temporary_settings({PREFECT_API_URL: prefect_stack.api_url}):
+        ensure_limits(["0"])
+        # Held until both runs wait for it: then they want the one GPU at the same time.
+        with concurrency(f"{prefix}gpu:0", strict=True):
+            runs = [submit(client, tiny_model, tmp_path, env, name) for name in ("one", "two")]
+            deadline = time.monotonic() + 240
+            while not all("Waiting" in slot_log(client, run.id) for run in runs):
+                assert time.monotonic() < deadline, prefect_stack.tail("worker-gpu")
+                time.sleep(2)
     first, second = sorted(
         (completed(client, prefect_stack, run) for run in runs),
         key=lambda log: log["Calibrating"][0],
     )
+    assert first["Waiting"][1] == f"Waiting for 1 free slot(s) of {prefix}gpu:0 (no limit)"
     for log in (first, second):
-        assert re.fullmatch(
-            r"Calibrating on \S+:gpu:0 \(CUDA_VISIBLE_DEVICES=0\)", log["Calibrating"][1]
-        )
+        assert log["Calibrating"][1] == f"Calibrating on {prefix}gpu:0 (CUDA_VISIBLE_DEVICES=0)"
     # The second took the slot after the first gave it back: their windows do not overlap.
     assert second["Calibrating"][0] >= first["Released"][0], (first, second)
 

@@ -92,44 +92,75 @@ def run_distributed(
     """`target(*args, events=...)` in each of `gpus` ranks under torchrun; rank 0's result."""
     log = run_logger(__name__)
     folder = Path(tempfile.mkdtemp(prefix="compressflow-ranks-"))  # 0700: ours alone
-    authkey = os.urandom(32)
-    listener = Listener(str(folder / "socket"), family="AF_UNIX", authkey=authkey)
-    with open(folder / "job.pickle", "wb") as file:
-        pickle.dump((listener.address, authkey), file)
-        pickle.dump((target, args), file)
+    listener = process = None
     arrived: list = []  # connections accepted by the thread below
-
-    def accept() -> None:
-        try:
-            for _ in range(gpus):
-                arrived.append(listener.accept())
-        except OSError:  # the listener closed: the launch is over
-            pass
-
-    threading.Thread(target=accept, daemon=True).start()
-    torchrun_log = folder / "torchrun.log"
-    command = torchrun_command(gpus, folder)
-    log.info("Starting %d ranks: %s", gpus, " ".join(command))
-    with open(torchrun_log, "wb") as output:
-        process = subprocess.Popen(
-            command,
-            env=torchrun_environment(devices),
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # a cancellation's signal to the worker is handled here
-        )
     ranks: dict[Any, _Rank] = {}
+    try:
+        authkey = os.urandom(32)
+        listener = Listener(str(folder / "socket"), family="AF_UNIX", authkey=authkey)
+        with open(folder / "job.pickle", "wb") as file:
+            pickle.dump((listener.address, authkey), file)
+            pickle.dump((target, args), file)
+        threading.Thread(target=_accept, args=(listener, gpus, arrived), daemon=True).start()
+        command = torchrun_command(gpus, folder)
+        log.info("Starting %d ranks: %s", gpus, " ".join(command))
+        with open(folder / "torchrun.log", "wb") as output:
+            process = subprocess.Popen(
+                command,
+                env=torchrun_environment(devices),
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a cancellation's signal to the worker is handled here
+            )
+        return _watch(process, folder, gpus, arrived, ranks, on_event, what)
+    finally:
+        if listener is not None:
+            listener.close()
+        for conn in arrived:
+            conn.close()
+        if process is not None:
+            _stop(process, [rank.pid for rank in ranks.values()], str(folder))
+        for rank in ranks.values():
+            rank.log.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _accept(listener: Listener, gpus: int, arrived: list) -> None:
+    try:
+        for _ in range(gpus):
+            arrived.append(listener.accept())
+    except OSError:  # the listener closed: the launch is over
+        pass
+
+
+def _watch(
+    process: subprocess.Popen,
+    folder: Path,
+    gpus: int,
+    arrived: list,
+    ranks: dict,
+    on_event: Callable[[str, Any], None],
+    what: str,
+) -> Any:
+    """The ranks' messages until torchrun ends; rank 0's result, or what ended the calibration."""
+    log = run_logger(__name__)
+    torchrun_log = folder / "torchrun.log"
     result: list = []
 
-    def died(rank: _Rank) -> CalibrationError:
+    def died(number: int) -> CalibrationError:
         """A rank gone without a word: torchrun stops the others and names the first to fail."""
         try:
             process.wait(KILL_GRACE_SECONDS)
         except subprocess.TimeoutExpired:
             pass
-        number, exitcode = _first_failure(torchrun_log) or (rank.number, None)
-        first = next((r for r in ranks.values() if r.number == number), rank)
+        number, exitcode = _first_failure(torchrun_log) or (number, None)
+        first = next((r for r in ranks.values() if r.number == number), None)
+        if first is None:  # it died before it said hello: what it printed is in its log
+            tail, printed = _Tail(), folder / f"rank-{number}.log"
+            tail.add(printed.read_text(errors="replace") if printed.exists() else "")
+            tail.add("\n")
+            return _died(f"{what} rank {number}", exitcode, tail)
         first.read()
         first.tail.add("\n")
         return _died(f"{what} rank {first.number}", exitcode, first.tail)
@@ -142,7 +173,7 @@ def run_distributed(
         except EOFError:
             conn.close()
             if rank is not None and not rank.done:
-                raise died(rank) from None
+                raise died(rank.number) from None
             return
         if kind == "hello":
             number, pid = payload
@@ -169,38 +200,31 @@ def run_distributed(
         elif rank.number == 0:  # progress: every rank calibrates the same layers in step
             on_event(kind, payload)
 
-    try:
-        while True:
-            if listening := [conn for conn in arrived if not conn.closed]:
-                for conn in wait(listening, timeout=0.5):
-                    handle(conn)
-            else:  # no rank has connected yet
-                time.sleep(0.5)
-            for rank in ranks.values():
-                rank.read()
-            if process.poll() is None:
-                continue
-            # torchrun is gone, and every rank with it: read what is left, then judge.
-            for conn in [conn for conn in arrived if not conn.closed]:
-                while not conn.closed:
-                    handle(conn)
-            if result and process.returncode == 0:
-                return result[0]
-            output = torchrun_log.read_text(errors="replace")[-2000:]
-            raise CalibrationError(
-                "calibration.gpus",
-                f"torchrun exited with code {process.returncode} before every rank reported "
-                f"back ({len(ranks)} of {gpus} started); its last output: {output.strip()}",
-                "set calibration.gpus to 1 to calibrate in one process, or report this output",
-            )
-    finally:
-        listener.close()
-        for conn in arrived:
-            conn.close()
-        _stop(process, [rank.pid for rank in ranks.values()], str(folder))
+    while True:
+        if listening := [conn for conn in arrived if not conn.closed]:
+            for conn in wait(listening, timeout=0.5):
+                handle(conn)
+        else:  # no rank has connected yet
+            time.sleep(0.5)
         for rank in ranks.values():
-            rank.log.close()
-        shutil.rmtree(folder, ignore_errors=True)
+            rank.read()
+        if process.poll() is None:
+            continue
+        # torchrun is gone, and every rank with it: read what is left, then judge.
+        for conn in [conn for conn in arrived if not conn.closed]:
+            while not conn.closed:
+                handle(conn)
+        if result and process.returncode == 0:
+            return result[0]
+        if _first_failure(torchrun_log):  # a rank died before it said hello
+            raise died(0)
+        output = torchrun_log.read_text(errors="replace")[-2000:]
+        raise CalibrationError(
+            "calibration.gpus",
+            f"torchrun exited with code {process.returncode} before every rank reported "
+            f"back ({len(ranks)} of {gpus} started); its last output: {output.strip()}",
+            "set calibration.gpus to 1 to calibrate in one process, or report this output",
+        )
 
 
 def _stop(process: subprocess.Popen, pids: list[int], folder_arg: str) -> None:
