@@ -23,8 +23,8 @@ def client(stack_client):
     return stack_client
 
 
-def submit(client, tiny_model, tmp_path, env: dict[str, str], name: str):
-    deployment = client.read_deployment_by_name("compress-model/compress")
+def submit(client, tiny_model, tmp_path, env, name, deployment="compress-model/compress"):
+    deployment = client.read_deployment_by_name(deployment)
     parameters = {
         "model": {"model_id": str(tiny_model)},
         "dataset": {"dataset_name": "python_docs", "text_samples": 8, "max_seq_len": 32},
@@ -75,7 +75,11 @@ def test_two_runs_on_a_one_gpu_host_calibrate_one_after_the_other(
         ensure_limits(["0"])
         # Held until both runs wait for it: then they want the one GPU at the same time.
         with concurrency(f"{prefix}gpu:0", strict=True):
-            runs = [submit(client, tiny_model, tmp_path, env, name) for name in ("one", "two")]
+            # Two deployments: each has a deployment concurrency limit of 1 of its own.
+            runs = [
+                submit(client, tiny_model, tmp_path, env, "one"),
+                submit(client, tiny_model, tmp_path, env, "two", "compress-model/nightly-w4a16"),
+            ]
             deadline = time.monotonic() + 240
             while not all("Waiting" in slot_log(client, run.id) for run in runs):
                 assert time.monotonic() < deadline, prefect_stack.tail("worker-gpu")

@@ -87,8 +87,19 @@ def ensure_limits(host: list[str]) -> None:
                     pass
 
 
+def _free(host: list[str]) -> list[str]:
+    """The devices whose slot looks free now: only those are tried (Prefect logs every refusal
+    as an error, which would fill the worker's log every few seconds while a run waits)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        limits = [client.read_global_concurrency_limit_by_name(slot_name(d)) for d in host]
+    return [d for d, limit in zip(host, limits, strict=True) if limit.active_slots < limit.limit]
+
+
 def _take(stack: ExitStack, device: str) -> bool:
-    """Hold `device`'s slot in `stack` if it is free now; False without waiting if not."""
+    """Hold `device`'s slot in `stack` if it is free now; False without waiting if another run
+    took it since `_free` looked."""
     import httpx
     from prefect.concurrency.sync import concurrency
 
@@ -135,7 +146,7 @@ def gpu_slots(gpus: int, timeout_seconds: float | None) -> Iterator[list[str]]:
     while True:
         with ExitStack() as held:
             chosen: list[str] = []
-            for device in host:
+            for device in _free(host):
                 if len(chosen) < gpus and _take(held, device):
                     chosen.append(device)
             if len(chosen) == gpus:
