@@ -249,6 +249,14 @@ class CalibrationArgs(_Args):
         description="Local folder for weights offloaded to disk; empty: a temporary folder beside "
         "the output, removed after the run.",
     )
+    gpus: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="GPUs one calibration uses. 1: one process on one free GPU of the host. "
+        "More: llm-compressor's distributed oneshot, one process per GPU under torchrun; a host "
+        "with fewer GPUs refuses the run before any weights load.",
+    )
 
 
 class OutputArgs(_Args):

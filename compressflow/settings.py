@@ -42,6 +42,23 @@ class Settings(BaseSettings):
         "together) read before refusing: calibration draws hundreds of samples, not a corpus.",
     )
 
+    gpu_devices: str = Field(
+        default="",
+        description="Comma-separated GPU indices this host's calibrations may use (e.g. 0,1), "
+        "'none' for none; empty: CUDA_VISIBLE_DEVICES, else what `nvidia-smi -L` lists.",
+    )
+    gpu_slots: bool = Field(
+        default=True,
+        description="Take a gpu:N concurrency slot per GPU while calibrating; false where the "
+        "scheduler already gives each run GPUs of its own (a Kubernetes pod, a container).",
+    )
+    gpu_slot_prefix: str = Field(
+        default="",
+        pattern=r"^[^/%&><]*$",  # characters Prefect refuses in a limit's name
+        description="Put before each GPU's concurrency-limit name (<prefix>gpu:0) so hosts "
+        "sharing one Prefect server keep their slots apart; empty: gpu:0, gpu:1...",
+    )
+
     vllm_python: str = Field(
         default="",
         description="Python of a vLLM environment (the serving image's, or the one `make "

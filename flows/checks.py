@@ -27,6 +27,7 @@ from compressflow.params import (
     TargetArgs,
 )
 from compressflow.results import BuiltDataset, FetchedModel, MemoryPlan, RenderedRecipe
+from compressflow.runtime.gpus import refuse_too_few
 from compressflow.runtime.isolation import in_child
 from compressflow.store.disk_space import check_free_space
 from compressflow.store.manifest import check_apart, check_target, output_path, run_key
@@ -109,6 +110,7 @@ def check_before_calibration(
     output: OutputArgs,
     calibration: CalibrationArgs,
 ) -> MemoryPlan:
+    refuse_too_few(calibration.gpus)  # before the output's checks: the host is wrong, not them
     run(check_output, inputs, output)
     plan = run(
         plan_memory,

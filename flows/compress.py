@@ -168,6 +168,7 @@ def run_stages(
                 verify_args,
                 output.save_compressed,
                 dataset.data_collator,
+                calibration,
             )
 
         try:

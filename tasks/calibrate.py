@@ -35,7 +35,7 @@ from compressflow.data.user_code import import_callable
 from compressflow.data.vision import collate_one
 from compressflow.errors import CalibrationError, ModelFetchError
 from compressflow.logs import run_logger
-from compressflow.params import RecipeArgs, VerifyArgs
+from compressflow.params import CalibrationArgs, RecipeArgs, VerifyArgs
 from compressflow.registries.architectures import ARCHITECTURES
 from compressflow.reporting import tracking
 from compressflow.reporting.progress import (
@@ -54,6 +54,8 @@ from compressflow.results import (
     RenderedRecipe,
     gib,
 )
+from compressflow.runtime.distributed import run_distributed
+from compressflow.runtime.gpus import gpu_slots
 from compressflow.runtime.isolation import run_isolated
 from compressflow.store.disk_space import disk_full_is_clear, folder_size
 from compressflow.store.manifest import compile_cache_path, reference_path
@@ -287,13 +289,17 @@ def calibrate(
     verify: VerifyArgs,
     save_compressed: bool = True,
     data_collator: str | None = None,
+    calibration: CalibrationArgs | None = None,
 ) -> Calibration:
     """Calibrate in a process of its own (`calibrate_here`) and report what it did.
 
     The task's process keeps the progress artifact, the run log and ClearML; the child holds the
     model, so a timeout or cancellation that ends the task ends the calibration and frees its
-    memory (compressflow.runtime.isolation).
+    memory (compressflow.runtime.isolation). On a GPU host it first takes a free GPU's slot
+    (`calibration.gpus` slots: compressflow.runtime.gpus) and holds it until the child is gone;
+    with more than one GPU, torchrun starts one rank per GPU (compressflow.runtime.distributed).
     """
+    calibration = calibration or CalibrationArgs()
     progress: list[CalibrationProgress] = []
 
     def on_event(kind: str, payload) -> None:
@@ -304,7 +310,13 @@ def calibrate(
             progress[0].subgraph_done()
 
     inputs = (model, dataset, recipe, args, plan, staging_path, verify, save_compressed)
-    result = run_isolated(calibrate_here, (*inputs, data_collator), on_event, "calibration")
+    job = (calibrate_here, (*inputs, data_collator))
+    with gpu_slots(calibration.gpus, calibration.timeout_minutes * 60 or None) as devices:
+        if calibration.gpus > 1:
+            result = run_distributed(*job, calibration.gpus, devices, on_event, "calibration")
+        else:
+            visible = {"CUDA_VISIBLE_DEVICES": ",".join(devices)} if devices else {}
+            result = run_isolated(*job, on_event, "calibration", visible)
     if progress:
         progress[0].finish()
         result = result.model_copy(update={"layers": progress[0].layers})

@@ -13,8 +13,8 @@ run log), events the caller handles (calibration progress), and finally the resu
 exception with its cause and traceback text. Its stderr (fd 2) comes back over a second pipe and is
 copied to the task's, keeping a short tail: libraries end the process themselves (auto-round calls
 `sys.exit(-1)`, a native crash aborts, the kernel's OOM killer sends SIGKILL), and that tail, their
-last words, goes into the CalibrationError that such an end becomes. The same launcher is where a
-`torchrun` start for multi-GPU calibration would go (see the README).
+last words, goes into the CalibrationError that such an end becomes. A multi-GPU calibration's
+ranks, started by torchrun (compressflow.runtime.distributed), speak the same protocol (`serve`).
 
 Every stage that needs those libraries (rendering a recipe, building the dataset, the memory plan,
 tracing, calibration, verification) does that part through `in_child`: the task's process keeps
@@ -95,6 +95,14 @@ def _child(target: Callable, args: tuple, environment: dict[str, str], conn, std
     os.dup2(stderr_conn.fileno(), 2)
     stderr_conn.close()
     faulthandler.enable()
+    serve(conn, target, args)
+
+
+def serve(conn, target: Callable, args: tuple) -> None:
+    """Run `target` in this process, sending its logs, events and end over `conn`.
+
+    What a calibration process does, whoever started it (a forkserver, or torchrun for a rank).
+    """
     logger = logging.getLogger("compressflow")
     logger.addHandler(_PipeHandler(conn))
     logger.setLevel(logging.INFO)
@@ -258,18 +266,24 @@ def _main_script_not_rerun():
 
 
 def run_isolated(
-    target: Callable, args: tuple, on_event: Callable[[str, Any], None], what: str
+    target: Callable,
+    args: tuple,
+    on_event: Callable[[str, Any], None],
+    what: str,
+    environment: dict[str, str] | None = None,
 ) -> Any:
     """`target(*args, events=...)` in a child process; its result, or its exception re-raised.
 
-    `target` and `args` must pickle (module-level function, pydantic results). Whatever ends the
-    wait (the result, an error, a timeout or cancellation raised here) the child is gone after.
+    `target` and `args` must pickle (module-level function, pydantic results). `environment` is
+    set over this process's in the child (the GPUs it may use). Whatever ends the wait (the
+    result, an error, a timeout or cancellation raised here) the child is gone after.
     """
     context = _context(target)
     receiver, sender = context.Pipe(duplex=False)
     stderr, stderr_sender = context.Pipe(duplex=False)
+    child_environment = {**os.environ, **(environment or {})}
     process = context.Process(
-        target=_child, args=(target, args, dict(os.environ), sender, stderr_sender), name=what
+        target=_child, args=(target, args, child_environment, sender, stderr_sender), name=what
     )
     with _main_script_not_rerun():
         process.start()
