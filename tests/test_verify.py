@@ -102,3 +102,27 @@ def test_an_fp8_weight_dequantizes_with_its_scale_per_tensor_row_or_block(
     with safe_open(str(tmp_path / "w.safetensors"), framework="pt") as handle:
         got = dequantized(handle, "m", set(handle.keys()))
     assert torch.equal(got, weight.float() * full)
+
+
+def test_held_out_texts_go_through_together_with_the_logits_of_one_forward_each(tiny_model):
+    """Verify and the reference capture run every held-out text in one forward (an offloaded
+    model then reads each weight from disk once, not once per text): padding must not move a
+    real token's logits."""
+    from transformers import AutoModelForCausalLM
+
+    from compressflow.reporting.quality import forwards, logits_of
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    samples = [list(range(5, 5 + n)) for n in (7, 31, 1, 16)]  # unequal lengths: padded rows
+    calls = []
+    model.register_forward_hook(lambda *_: calls.append(1))
+    batched = logits_of(model, samples)
+    assert len(calls) == 1
+    with torch.inference_mode():
+        alone = [model(torch.tensor([ids])).logits[0] for ids in samples]
+    for got, want, ids in zip(batched, alone, samples, strict=True):
+        assert got.shape == (len(ids), model.config.vocab_size)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    # Longer texts split into forwards of at most the token budget, in order.
+    assert forwards(samples, 62) == [samples[:2], samples[2:]]
+    assert forwards(samples, 8) == [[s] for s in samples]
