@@ -127,8 +127,12 @@ def logits_of(model, samples: list[list[int]], tokens_per_forward: int = TOKENS_
     (equal within float rounding).
     """
     import torch
+    from compressed_tensors.offload import disable_onloading
 
-    device = next(model.parameters()).device
+    with disable_onloading():  # an offloaded weight is a meta tensor here, not read from disk
+        device = next(model.parameters()).device
+    if device.type == "meta":  # offloaded: its modules move their inputs where they compute
+        device = torch.device("cpu")
     logits = []
     with torch.inference_mode():
         for group in forwards(samples, tokens_per_forward):
