@@ -11,7 +11,15 @@ four runs, each a whole separate process (peak RSS is the process's own, from `o
 - flow GPTQ:   the flow with W4A16 and `calibration.max_cpu_memory_gb` below the model's size:
                the plan reads the weights from disk layer by layer.
 
+The flow's runs also count the bytes every `safetensors` read returns in the flow's process
+(compressed-tensors' disk cache reads through it) for each of verify's steps: the model-free
+weight check, the reload and the logits check. `--verify-before` adds a flow FP8 run whose
+verify computes the logits one forward per held-out text, as before issue #23, for the ratio
+from one run (the reference capture runs in the calibration process, which keeps the current
+code either way).
+
     python -m benchmarks.large_model [--layers 20] [--cap-gb 2.8] [--skip-bare-gptq]
+                                     [--only fp8|gptq] [--verify-before]
 
 Targets: flow FP8 / bare FP8 peak RSS <= 0.5; flow GPTQ peak RSS <= 0.6 x the model's bytes.
 Exits 1 when one is missed. The model and data are built once under --work (default
@@ -38,6 +46,7 @@ from benchmarks.common import (
     stop_server,
     write_jsonl,
 )
+from compressflow.params import VerifyArgs
 
 TARGET_FP8_RSS_RATIO = 0.5
 TARGET_GPTQ_RSS_OF_MODEL = 0.6
@@ -116,16 +125,124 @@ def bare_child(args) -> None:
     print_result({})
 
 
-def flow_child(args) -> None:
-    from compressflow.flows.compress import compress
-    from compressflow.params import (
-        CalibrationArgs,
-        DatasetArgs,
-        ModelArgs,
-        OutputArgs,
-        RecipeArgs,
-        VerifyArgs,
+class CountedReads:
+    """`safetensors.safe_open` that adds up the bytes of every tensor read through it: the
+    offloaded weights' reads (compressed-tensors' disk cache) and the model-free weight check's.
+    Installed before anything imports safetensors' name."""
+
+    read_bytes = 0
+
+    def __init__(self, *args, **kwargs):
+        self._handle = REAL_SAFE_OPEN(*args, **kwargs)
+
+    def __enter__(self):
+        self._handle.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._handle.__exit__(*exc)
+
+    def __getattr__(self, name):
+        return getattr(self._handle, name)
+
+    def get_tensor(self, name):
+        tensor = self._handle.get_tensor(name)
+        CountedReads.read_bytes += tensor.nbytes
+        return tensor
+
+    def get_slice(self, name):
+        return CountedSlice(self._handle.get_slice(name))
+
+
+class CountedSlice:
+    def __init__(self, piece):
+        self._slice = piece
+
+    def __getattr__(self, name):
+        return getattr(self._slice, name)
+
+    def __getitem__(self, index):
+        tensor = self._slice[index]
+        CountedReads.read_bytes += tensor.nbytes
+        return tensor
+
+
+REAL_SAFE_OPEN = None
+
+
+def count_reads(parts: dict) -> None:
+    """Count safetensors reads in this process, and time and count each of verify's steps
+    (`parts`: name -> {"bytes", "seconds"}), by wrapping them where the verify task calls them."""
+    global REAL_SAFE_OPEN
+    import safetensors
+    import safetensors.torch
+
+    REAL_SAFE_OPEN = safetensors.safe_open
+    safetensors.safe_open = safetensors.torch.safe_open = CountedReads
+    import time
+
+    from compressflow.tasks import verify
+
+    def timed(name, function):
+        def wrapper(*args, **kwargs):
+            before, started = CountedReads.read_bytes, time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                part = parts.setdefault(name, {"bytes": 0, "seconds": 0.0})
+                part["bytes"] += CountedReads.read_bytes - before
+                part["seconds"] += time.perf_counter() - started
+
+        return wrapper
+
+    for name in ("check_weights", "reload", "check_logits"):
+        setattr(verify, name, timed(name, getattr(verify, name)))
+
+
+def reference_reads(model: str, plan: dict) -> dict:
+    """The reference capture's logits pass, repeated here in the flow's process where its reads
+    are counted (calibration captured it in a process of its own): the base model loaded as
+    `calibrate_model_free` loads it, its held-out texts together and one forward per text."""
+    import time
+
+    from transformers import AutoTokenizer
+
+    from compressflow.data.local_text import verification_texts
+    from compressflow.reporting.quality import logits_of
+    from compressflow.results import FetchedModel, MemoryPlan
+    from compressflow.tasks.calibrate import load_for_calibration
+
+    fetched = FetchedModel.model_construct(
+        path=model, model_id=model, model_class="LlamaForCausalLM", trust_remote_code=False
     )
+    base = load_for_calibration(fetched, MemoryPlan.model_validate(plan))
+    verify = VerifyArgs()
+    samples = [
+        ids[: verify.max_seq_len]
+        for ids in AutoTokenizer.from_pretrained(model)(verification_texts(verify.samples))[
+            "input_ids"
+        ]
+    ]
+    figures = {}
+    for name, per_forward in (("reference", None), ("reference, one forward per text", 1)):
+        before, started = CountedReads.read_bytes, time.perf_counter()
+        logits_of(base, samples, *([per_forward] if per_forward else []))
+        figures[name] = {
+            "bytes": CountedReads.read_bytes - before,
+            "seconds": time.perf_counter() - started,
+        }
+    return figures
+
+
+def flow_child(args) -> None:
+    parts: dict = {}
+    count_reads(parts)
+    if args.one_text_per_forward:  # the path before issue #23: one forward per held-out text
+        from compressflow.reporting import quality
+
+        quality.logits_of.__defaults__ = (1,)
+    from compressflow.flows.compress import compress
+    from compressflow.params import CalibrationArgs, DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
 
     published = compress(
         model=ModelArgs(model_id=args.model),
@@ -140,11 +257,20 @@ def flow_child(args) -> None:
         verify=VerifyArgs(min_cosine=0.5, max_kl=2.0, min_top1=0.05),
     )
     manifest = json.loads((Path(published.path) / "manifest.json").read_text())
+    if manifest["memory_plan"]["path"] == "model_free":
+        parts.update(reference_reads(args.model, manifest["memory_plan"]))
     print_result(
         {
             "plan": manifest["memory_plan"]["placement"],
             "verified": manifest["verification"]["passed"],
             "checks": {c["name"]: c["detail"] for c in manifest["verification"]["checks"]},
+            "calibrate_s": manifest["calibration_seconds"],
+            "reference_s": manifest["reference_seconds"],
+            "verify_s": manifest["verification"]["seconds"],
+            "verify_parts": parts,
+            "output_bytes": sum(
+                f.stat().st_size for f in Path(published.path).glob("*.safetensors")
+            ),
         }
     )
 
@@ -156,6 +282,13 @@ def main() -> int:
     parser.add_argument("--cap-gb", type=float, default=2.8)
     parser.add_argument("--skip-bare-gptq", action="store_true")
     parser.add_argument("--only", choices=["fp8", "gptq"], help="run one scheme's variants")
+    parser.add_argument(
+        "--verify-before",
+        action="store_true",
+        help="also run the flow FP8 with verify's logits one forward per held-out text (the path "
+        "before issue #23), to compare the verify stage's reads and time in one run",
+    )
+    parser.add_argument("--one-text-per-forward", action="store_true")
     parser.add_argument("--child", choices=["bare", "flow", "build"])
     parser.add_argument("--scheme", choices=["fp8", "gptq"])
     parser.add_argument("--model")
@@ -196,6 +329,8 @@ def main() -> int:
     runs = [("bare", "fp8"), ("flow", "fp8"), ("flow", "gptq")]
     if not args.skip_bare_gptq:
         runs.insert(2, ("bare", "gptq"))
+    if args.verify_before:
+        runs.insert(1, ("flow-per-text", "fp8"))
     if args.only:
         runs = [run for run in runs if run[1] == args.only]
     results = {}
@@ -229,7 +364,8 @@ def measure(args, child: str, scheme: str, model: Path, data: Path, api_url: str
     )
     command = [
         MODULE,
-        f"--child={child}",
+        "--child=flow" if child == "flow-per-text" else f"--child={child}",
+        *(["--one-text-per-forward"] if child == "flow-per-text" else []),
         f"--scheme={scheme}",
         f"--model={model}",
         f"--data={data}",
@@ -262,11 +398,42 @@ def report(args, results: dict, model_bytes: int) -> int:
             f"(target <= {TARGET_GPTQ_RSS_OF_MODEL})"
         )
         met = met and gptq <= TARGET_GPTQ_RSS_OF_MODEL
+    if ("flow", "fp8") in results:
+        after = results["flow", "fp8"]
+        print(f"flow FP8: {verify_figures(after.result, model_bytes)}")
+        print(f"flow FP8 / bare FP8 wall: {after.wall_s / results['bare', 'fp8'].wall_s:.2f}")
+    if ("flow-per-text", "fp8") in results and ("flow", "fp8") in results:
+        before = results["flow-per-text", "fp8"].result
+        print(f"flow FP8, one forward per text: {verify_figures(before, model_bytes)}")
+        reads = (
+            (after.result["verify_parts"]["check_logits"]["bytes"])
+            / (before["verify_parts"]["check_logits"]["bytes"])
+        )
+        print(
+            f"verify stage, texts together / one forward per text: time "
+            f"{after.result['verify_s'] / before['verify_s']:.2f}, logits check's reads {reads:.2f}"
+        )
     if ("bare", "gptq") in results:
         wall = results["flow", "gptq"].wall_s / results["bare", "gptq"].wall_s
         rss = results["flow", "gptq"].peak_tree_rss_mb / results["bare", "gptq"].peak_tree_rss_mb
         print(f"flow GPTQ (disk) / bare GPTQ (in memory): wall {wall:.2f}, peak RSS {rss:.2f}")
     return 0 if met else 1
+
+
+def verify_figures(result: dict, model_bytes: int) -> str:
+    """The verify stage's time and each step's reads (the reference pass's too, on the model-free
+    path), as multiples of the source's and the output's bytes."""
+    out = result["output_bytes"]
+    steps = ", ".join(
+        f"{name} {part['seconds']:.1f} s, {part['bytes'] / 1e9:.2f} GB read "
+        f"({part['bytes'] / model_bytes:.2f} x source, {part['bytes'] / out:.2f} x output)"
+        for name, part in result["verify_parts"].items()
+    )
+    return (
+        f"reference {result['reference_s']:.1f} s, model_free_ptq {result['calibrate_s']:.1f} s, "
+        f"verify {result['verify_s']:.1f} s (source {model_bytes / 1e9:.2f} GB, output "
+        f"{out / 1e9:.2f} GB): {steps}"
+    )
 
 
 if __name__ == "__main__":

@@ -416,6 +416,29 @@ def patch_falcon_reload() -> None:
     modeling_falcon.FalconPreTrainedModel._init_weights = init_weights
 
 
+def onload_weights_once(model) -> None:
+    """Make each quantized module of an offloaded `model` read its weights from disk once per
+    forward instead of twice.
+
+    compressed-tensors 0.19.0's `quantized_forward` onloads `self.weight`, then calls the class's
+    forward, which onloads it again: on a reloaded model whose weights sit on disk, every forward
+    read each quantized weight twice (measured in benchmarks/README.md). Keeping the onloaded
+    tensors for the length of the module's own forward (`disable_offloading`, released on exit)
+    reads them once. Belongs upstream in `quantized_forward`.
+    """
+    from compressed_tensors.offload import disable_offloading
+
+    for module in model.modules():
+        if getattr(module, "quantization_scheme", None) is None:
+            continue
+
+        def forward(*args, _forward=module.forward, **kwargs):
+            with disable_offloading():
+                return _forward(*args, **kwargs)
+
+        module.forward = forward
+
+
 def patch_reloads() -> None:
     """Every reload-side workaround above, for code that reloads compressed checkpoints."""
     patch_int8_moe_reload()

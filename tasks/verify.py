@@ -196,6 +196,7 @@ def reload(staging: Path, model: FetchedModel, plan: MemoryPlan):
         )
         if offload:  # accelerate's hooks -> compressed-tensors' offloading, as calibrate loads
             compat.offloaded_from_accelerate(loaded)
+            compat.onload_weights_once(loaded)
     except Exception as exc:  # whatever transformers raises, the checkpoint does not reload
         detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return None, VerificationCheck(name="reload", passed=False, detail=detail)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from compressflow.demo.zoo import VISION_BUILDERS, ZOO, build_tiny, model_class
 from compressflow.results import RenderedRecipe
 from compressflow.tasks.verify import check_names, check_quantization_config
 
@@ -102,3 +103,77 @@ def test_an_fp8_weight_dequantizes_with_its_scale_per_tensor_row_or_block(
     with safe_open(str(tmp_path / "w.safetensors"), framework="pt") as handle:
         got = dequantized(handle, "m", set(handle.keys()))
     assert torch.equal(got, weight.float() * full)
+
+
+@pytest.mark.parametrize("name", [*ZOO, *VISION_BUILDERS])
+def test_held_out_texts_go_through_together_with_the_logits_of_one_forward_each(test_root, name):
+    """Verify and the reference capture run every held-out text in one forward (an offloaded
+    model then reads each weight from disk once, not once per text): padding must not move a
+    real token's logits, on any architecture the zoo builds, vision-language ones included."""
+    import transformers
+
+    from compressflow.reporting.quality import logits_of
+
+    path = build_tiny(name, test_root / "zoo")  # shared with tests/test_architectures.py
+    model = getattr(transformers, model_class(name)).from_pretrained(path, dtype=torch.float32)
+    vocab = model.config.get_text_config().vocab_size
+    samples = [[(5 + i) % vocab for i in range(n)] for n in (7, 31, 1, 16)]  # padded rows
+    calls = []
+    model.eval().register_forward_hook(lambda *_: calls.append(1))
+    batched = logits_of(model, samples)
+    assert len(calls) == 1
+    with torch.inference_mode():
+        alone = [model(torch.tensor([ids])).logits[0] for ids in samples]
+    for got, want, ids in zip(batched, alone, samples, strict=True):
+        assert got.shape == (len(ids), want.shape[-1])
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_long_held_out_texts_split_into_forwards_under_the_token_budget():
+    from compressflow.reporting.quality import forwards
+
+    samples = [[1] * n for n in (7, 31, 1, 16)]
+    assert forwards(samples, 62) == [samples[:2], samples[2:]]  # 2 x 31, then 2 x 16
+    assert forwards(samples, 8) == [[s] for s in samples]  # each alone, the 31 over budget too
+    assert forwards(samples, 4096) == [samples]
+
+
+def test_a_reloaded_model_on_disk_reads_each_tensor_once_per_forward(tiny_model, tmp_path):
+    """compressed-tensors' quantized forward read each quantized weight from disk twice per
+    forward (compat.onload_weights_once): the logits check of a model-free run read the
+    decompressed model twice per pass."""
+    from collections import Counter
+
+    from compressed_tensors.offload.cache.disk import DiskCache
+    from llmcompressor import model_free_ptq
+
+    from compressflow.reporting.quality import logits_of
+    from compressflow.results import FetchedModel, MemoryPlan
+    from compressflow.tasks.verify import reload
+
+    out = tmp_path / "fp8"
+    model_free_ptq(
+        str(tiny_model), str(out), scheme="FP8_DYNAMIC", ignore=["lm_head", "re:.*embed_tokens"]
+    )
+    model = FetchedModel.model_construct(
+        path=str(tiny_model), model_class="LlamaForCausalLM", trust_remote_code=False
+    )
+    plan = MemoryPlan.model_construct(
+        placement="shards", weights_in_memory_bytes=0, offload_folder=str(tmp_path / "offload")
+    )
+    loaded, _ = reload(out, model, plan)
+    logits_of(loaded, [[5, 6, 7]])  # the first forward decompresses the FP8 weights to disk
+    reads: Counter = Counter()
+    onload = DiskCache.onload
+
+    def counted(self, offloaded):
+        if offloaded is not None:
+            reads[self.index[offloaded]["safetensors_file"], tuple(offloaded.shape)] += 1
+        return onload(self, offloaded)
+
+    DiskCache.onload = counted
+    try:
+        logits_of(loaded, [[5, 6, 7]])
+    finally:
+        DiskCache.onload = onload
+    assert len(reads) > 14 and max(reads.values()) == 1  # 14 quantized Linears, and the rest

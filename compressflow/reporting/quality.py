@@ -111,15 +111,54 @@ def compare_logits(reference: list, compressed: list) -> dict[str, float]:
     }
 
 
-def logits_of(model, samples: list[list[int]]) -> list:
-    """The model's next-token logits for each sample, one forward per sample (no padding)."""
-    import torch
+# Tokens (samples x the longest sample) one forward of `logits_of` holds. VerifyArgs' default
+# 4 x 64 and up to 16 x 256 go in one forward, so a model whose weights are read from disk reads
+# each weight once; longer texts split into forwards that keep the activations, the attention
+# mask and the logits of one forward bounded (16 x 2048 tokens take 8).
+TOKENS_PER_FORWARD = 4096
 
-    device = next(model.parameters()).device
+
+def logits_of(model, samples: list[list[int]], tokens_per_forward: int = TOKENS_PER_FORWARD):
+    """The model's next-token logits for each sample: one float32 [length, vocab] CPU tensor each.
+
+    The samples go through together, right-padded under an attention mask, so an offloaded model
+    reads each weight once per forward instead of once per sample; a real token sees only the
+    tokens before it, so padding after it leaves its logits as a forward of its own gives them
+    (equal within float rounding).
+    """
+    import torch
+    from compressed_tensors.offload import disable_onloading
+
+    with disable_onloading():  # an offloaded weight is a meta tensor here, not read from disk
+        device = next(model.parameters()).device
+    if device.type == "meta":  # offloaded: its modules move their inputs where they compute
+        device = torch.device("cpu")
+    logits = []
     with torch.inference_mode():
-        return [
-            model(torch.tensor([ids], device=device)).logits[0].float().cpu() for ids in samples
-        ]
+        for group in forwards(samples, tokens_per_forward):
+            ids = torch.zeros(len(group), max(map(len, group)), dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for row, sample in enumerate(group):
+                ids[row, : len(sample)] = torch.tensor(sample)
+                mask[row, : len(sample)] = 1
+            out = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+            logits += [out[row, : len(sample)].float().cpu() for row, sample in enumerate(group)]
+    return logits
+
+
+def forwards(samples: list[list[int]], tokens_per_forward: int) -> list[list[list[int]]]:
+    """`samples` in order, split into groups of at most `tokens_per_forward` padded tokens (a
+    sample longer than that goes alone)."""
+    groups: list[list[list[int]]] = []
+    longest = 0
+    for sample in samples:
+        longest = max(longest, len(sample))
+        if groups and (len(groups[-1]) + 1) * longest <= tokens_per_forward:
+            groups[-1].append(sample)
+        else:
+            groups.append([sample])
+            longest = len(sample)
+    return groups
 
 
 def next_token_logprobs(model, tokens):
