@@ -249,6 +249,13 @@ class CalibrationArgs(_Args):
         description="Local folder for weights offloaded to disk; empty: a temporary folder beside "
         "the output, removed after the run.",
     )
+    checkpoint_interval_s: float = Field(
+        default=600,
+        description="Save calibration's progress (finished layers and the activations feeding "
+        "the next) at most this often, in seconds, under the cache folder, so a rerun after a "
+        "crash resumes from the last finished layer; 0: after every layer; negative: never. "
+        "Deleted once the model is published.",
+    )
 
 
 class OutputArgs(_Args):
