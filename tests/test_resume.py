@@ -297,3 +297,27 @@ def test_moe_killed_mid_calibration_resumes_to_the_same_weights(test_root, tmp_p
         recipe={"recipe": "W4A16"},
         verify=RANDOM_WEIGHTS,
     )
+
+
+def test_the_plan_checks_the_checkpoints_disk_cost(tmp_path, monkeypatch):
+    from compressflow.errors import ResourceError
+    from compressflow.params import CalibrationArgs
+    from compressflow.results import BuiltDataset, MemoryPlan
+    from compressflow.tasks.plan_memory import with_checkpoints
+
+    monkeypatch.setenv("COMPRESSFLOW_CACHE_DIR", str(tmp_path))
+    recipe, data = render(RecipeArgs(preset="W8A8")), BuiltDataset.model_construct()
+
+    def planned(weight_bytes: int, interval: float = 600) -> MemoryPlan:
+        plan = MemoryPlan.model_construct(
+            path="classic", weight_bytes=weight_bytes, activation_bytes=5, checkpoint_folder=""
+        )
+        args = CalibrationArgs(checkpoint_interval_s=interval)
+        return with_checkpoints(plan, recipe, data, RecipeArgs(preset="W8A8"), args, "k" * 64)
+
+    plan = planned(100)
+    assert plan.checkpoint_bytes == 2 * 100 + 5  # two sequential passes (SmoothQuant, GPTQ)
+    assert Path(plan.checkpoint_folder) == tmp_path / resume.ROOT / ("k" * 32)
+    assert planned(100, interval=-1).checkpoint_folder == ""
+    with pytest.raises(ResourceError, match="calibration.checkpoint_interval_s"):
+        planned(2**60)
