@@ -230,10 +230,7 @@ class CalibrationCheckpoint:
         acts_name = None
         if not finished_pass:
             acts_name = f"acts-p{pass_index}-s{subgraph_index}.pt"
-            batches = [
-                to_device(acts.fetch(index), "cpu")
-                for index in range(len(acts.batch_intermediates))
-            ]
+            batches = [to_device(acts.fetch(index), "cpu") for index in range(len(acts))]
             write_atomic(self.folder / acts_name, lambda p: torch.save(batches, p))
             files[acts_name] = sha256_of(self.folder / acts_name)
         manifest = {
