@@ -257,6 +257,14 @@ class CalibrationArgs(_Args):
         "More: llm-compressor's distributed oneshot, one process per GPU under torchrun; a host "
         "with fewer GPUs refuses the run before any weights load.",
     )
+    checkpoint_interval_s: float = Field(
+        default=600,
+        allow_inf_nan=False,
+        description="Save calibration's progress (finished layers and the activations feeding "
+        "the next) at most this often, in seconds, under the cache folder, so a rerun after a "
+        "crash resumes from the last finished layer; 0: after every layer; negative: never. "
+        "Deleted once the model is published.",
+    )
 
 
 class OutputArgs(_Args):

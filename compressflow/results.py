@@ -212,6 +212,18 @@ class MemoryPlan(BaseModel):
         description="How much of the weights may stay in CPU memory; the rest is read from disk "
         "module by module when used (placement disk and shards)."
     )
+    checkpoint_folder: str = Field(
+        default="",
+        description="Where calibration checkpoints go (one subfolder per recipe); empty: none.",
+    )
+    checkpoint_interval_s: float = Field(
+        default=-1, description="Seconds between calibration checkpoints; negative: none."
+    )
+    checkpoint_bytes: int = Field(
+        default=0,
+        description="Disk the calibration checkpoint may take: the weights once per sequential "
+        "pass, plus the activations between layers.",
+    )
     notes: list[str] = Field(default_factory=list, description="Why the plan chose what it did.")
 
     def summary(self) -> str:
@@ -233,6 +245,12 @@ class MemoryPlan(BaseModel):
             f"calibration state {human(self.state_bytes)}, cached activations "
             f"{human(self.activation_bytes)}; CPU {human(self.cpu_needed_bytes)} of "
             f"{human(self.cpu_available_bytes)}{gpu}; batch {self.batch_size}"
+            + (
+                f"; checkpoints every {self.checkpoint_interval_s:g} s, up to "
+                f"{human(self.checkpoint_bytes)} of disk"
+                if self.checkpoint_folder
+                else "; no checkpoints"
+            )
         )
 
     def log_to(self, tracker) -> None:
@@ -275,6 +293,11 @@ class Calibration(BaseModel):
         default=None,
         description="The base model's logits on the verification texts, captured before "
         "calibration changed the model (a file beside the staging folder, never published).",
+    )
+    resumed_from: str | None = Field(
+        default=None,
+        description="Where this calibration resumed from a crashed run's checkpoint ('pass 1, "
+        "layer 3 of 9'); None: it ran from the start.",
     )
 
 

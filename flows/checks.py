@@ -120,6 +120,7 @@ def check_before_calibration(
         recipe,
         calibration,
         str(inputs.target),
+        inputs.key,
     )
     if plan.path == "classic":  # the model-free path builds no model: nothing to trace
         run(check_traceability, inputs.model, inputs.recipe, inputs.dataset, recipe)

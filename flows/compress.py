@@ -39,6 +39,7 @@ from compressflow.reporting.tracking import track_flow_run
 from compressflow.results import Calibration, PublishedModel, RenderedRecipe
 from compressflow.runtime.events import emit_published
 from compressflow.runtime.isolation import warm_up
+from compressflow.runtime.resume import discard
 from compressflow.runtime.stages import Stages
 from compressflow.store.locks import output_lock
 from compressflow.store.manifest import (
@@ -205,6 +206,8 @@ def run_stages(
                 list(stages.records),
                 search,
             )
+            if plan.checkpoint_folder:  # published: nothing left to resume
+                discard(Path(plan.checkpoint_folder))
         finally:
             # The published one is gone already (renamed); the reference logits never published.
             for staging in stagings:

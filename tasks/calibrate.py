@@ -18,6 +18,7 @@ import resource
 import shutil
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 from prefect import task
@@ -57,6 +58,7 @@ from compressflow.results import (
 from compressflow.runtime.distributed import run_distributed
 from compressflow.runtime.gpus import gpu_slots
 from compressflow.runtime.isolation import run_isolated
+from compressflow.runtime.resume import CalibrationCheckpoint, checkpoint_key
 from compressflow.store.disk_space import disk_full_is_clear, folder_size
 from compressflow.store.manifest import compile_cache_path, reference_path
 
@@ -274,6 +276,50 @@ def calibrate_model_free(
     return result
 
 
+def calibration_checkpoint(
+    model: FetchedModel,
+    dataset: BuiltDataset | None,
+    recipe: RenderedRecipe,
+    plan: MemoryPlan,
+    oneshot_kwargs: dict,
+) -> CalibrationCheckpoint | None:
+    """The checkpoint of this calibration when the plan has them; it finds one a crashed run
+    left (and resumes from it) or starts one."""
+    if not plan.checkpoint_folder or dataset is None:
+        return None
+    import torch
+
+    arguments = {
+        name: value if isinstance(value, (str, int, float, bool, list, type(None))) else repr(value)
+        for name, value in oneshot_kwargs.items()
+        if name not in ("dataset", "data_collator")
+    }
+    key = checkpoint_key(
+        model=model.identity,
+        model_class=model.model_class,
+        dataset=dataset.fingerprint,
+        recipe=recipe.sha256,
+        oneshot=arguments,
+        data_collator=getattr(oneshot_kwargs.get("data_collator"), "__qualname__", None),
+        device=plan.device,
+        threads=torch.get_num_threads(),
+    )
+    folder = Path(plan.checkpoint_folder) / recipe.sha256[:16]
+    return CalibrationCheckpoint(folder, key, plan.checkpoint_interval_s)
+
+
+@contextmanager
+def resumable(checkpoint: CalibrationCheckpoint | None, pipeline: str, oneshot_kwargs: dict):
+    """Route oneshot's sequential passes through the checkpointing pipeline (compat says why a
+    copy of the library's); `basic` and `datafree` have no layers to resume from."""
+    if checkpoint is None or pipeline not in ("auto", "independent", "sequential"):
+        yield
+        return
+    with compat.resumable_pipeline(checkpoint, independent=pipeline != "sequential") as name:
+        oneshot_kwargs["pipeline"] = name
+        yield
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
@@ -417,10 +463,12 @@ def calibrate_here(
     sink_id = loguru_logger.add(sink, level="DEBUG", format="{message}")
     started = time.perf_counter()
     passes = sequential_passes(recipe.data_modifiers, args.pipeline) if dataset is not None else 0
+    checkpoint = calibration_checkpoint(model, dataset, recipe, plan, kwargs)
     try:
         with (
             compat.restored_torch_functions(),  # the sequential pipeline traces too
             on_subgraph_done(lambda: events("subgraph")),
+            resumable(checkpoint, args.pipeline, kwargs),
         ):
             events("progress", (subgraphs_per_pass(loaded, targets), passes))
             oneshot(model=loaded, processor=processor, recipe=recipe.yaml, **kwargs)
@@ -466,5 +514,6 @@ def calibrate_here(
         modules=sink.modules,
         reference_seconds=round(reference_seconds, 3),
         reference_path=str(reference),
+        resumed_from=checkpoint.resumed_from if checkpoint else None,
     )
     return result

@@ -140,6 +140,7 @@ def publish(
         libraries=library_versions(),
         stages=stages,
         calibration_seconds=round(calibration.seconds, 3),
+        resumed_from=calibration.resumed_from,
         reference_seconds=calibration.reference_seconds,
         peak_rss_mb=calibration.peak_rss_mb,
         peak_gpu_mb=calibration.peak_gpu_mb,

@@ -127,7 +127,7 @@ def test_a_library_failure_calibrating_a_preset_names_recipe_preset(tmp_path, mo
             VerifyArgs(),
             True,
             None,
-            lambda *args: None,
+            events=lambda *args: None,
         )
 
     message = str(raised.value)

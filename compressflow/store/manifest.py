@@ -90,6 +90,11 @@ class Manifest(BaseModel):
     libraries: dict[str, str]
     stages: list[StageRecord]
     calibration_seconds: float | None = Field(default=None, description="oneshot's own time.")
+    resumed_from: str | None = Field(
+        default=None,
+        description="Where calibration resumed from a crashed run's checkpoint ('pass 1, layer "
+        "3 of 9'; calibration_seconds then counts the resumed part only); None: from the start.",
+    )
     reference_seconds: float | None = Field(
         default=None, description="Capturing the base model's logits for verification."
     )

@@ -1,0 +1,144 @@
+"""Benchmark: what calibration checkpoints (compressflow.runtime.resume) add to calibration time.
+
+GPTQ W4A16 (the preset) on a random-weight Llama (6 layers, 768 wide, 2048 intermediate; 7
+subgraphs), `--samples` x `--max-seq-len` tokens of local text, batch 4, oneshot timed alone, in
+three variants, each run in a fresh process and interleaved round by round:
+
+- off: llm-compressor's own `independent` pipeline, what the flow runs with
+  `calibration.checkpoint_interval_s` negative;
+- default: the resumable pipeline at the default interval (`CalibrationArgs`), what every run
+  pays;
+- every subgraph: interval 0, a save after each subgraph (finished layers + activations), the
+  worst case.
+
+    OMP_NUM_THREADS=1 python -m benchmarks.checkpoint_cost [--repeats 3] [--samples 32] [--max-seq-len 128]
+
+Target: default / off <= 1.05 (issue #24). Medians; exits 1 when the target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import median, print_result, run_child
+
+TARGET_RATIO = 1.05
+VARIANTS = ("off", "default", "every subgraph")
+
+
+def one_run(variant: str, root: Path, samples: int, max_seq_len: int) -> None:
+    """In a child process: calibrate once and print oneshot's seconds."""
+    os.environ["COMPRESSFLOW_CACHE_DIR"] = str(root / "cache")
+    from datasets import Dataset
+    from llmcompressor import oneshot
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from benchmarks.common import long_texts
+    from benchmarks.flow_vs_bare import model_spec
+    from compressflow import compat
+    from compressflow.demo.assets import build_tiny_llama
+    from compressflow.params import CalibrationArgs, RecipeArgs
+    from compressflow.recipes.render import render
+    from compressflow.runtime.resume import CalibrationCheckpoint, checkpoint_folder, discard
+
+    path = build_tiny_llama(root / "model", model_spec())
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    texts = long_texts(tokenizer, samples, max_seq_len)
+    data = Dataset.from_dict(tokenizer(texts, truncation=True, max_length=max_seq_len))
+    model = AutoModelForCausalLM.from_pretrained(path)
+    kwargs = dict(
+        dataset=data,
+        num_calibration_samples=samples,
+        shuffle_calibration_samples=False,
+        batch_size=4,
+    )
+    interval = {"default": CalibrationArgs().checkpoint_interval_s, "every subgraph": 0}
+    folder = checkpoint_folder(f"benchmark-{os.getpid()}") / "recipe"
+    started, cpu_started = time.perf_counter(), time.process_time()
+    if variant == "off":
+        oneshot(model=model, processor=tokenizer, recipe=render(RecipeArgs()).yaml, **kwargs)
+    else:
+        checkpoint = CalibrationCheckpoint(folder, {"benchmark": True}, interval[variant])
+        with compat.resumable_pipeline(checkpoint, independent=True) as pipeline:
+            oneshot(
+                model=model,
+                processor=tokenizer,
+                recipe=render(RecipeArgs()).yaml,
+                pipeline=pipeline,
+                **kwargs,
+            )
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    saved = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    discard(folder)
+    print_result({"seconds": seconds, "cpu_seconds": cpu, "checkpoint_bytes": saved})
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=32)
+    parser.add_argument("--max-seq-len", type=int, default=128)
+    parser.add_argument("--one", nargs=2, metavar=("VARIANT", "ROOT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        one_run(args.one[0], Path(args.one[1]), args.samples, args.max_seq_len)
+        return 0
+
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    seconds: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    cpu: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
+    saved: dict[str, int] = {}
+    with tempfile.TemporaryDirectory(prefix="checkpoint-cost-") as tmp:
+        root = Path(tmp)
+        for repeat in range(args.repeats):
+            for variant in VARIANTS:
+                run = run_child(
+                    [
+                        "benchmarks.checkpoint_cost",
+                        "--one",
+                        variant,
+                        str(root),
+                        "--samples",
+                        str(args.samples),
+                        "--max-seq-len",
+                        str(args.max_seq_len),
+                    ],
+                    env,
+                    root / "logs" / f"{variant.replace(' ', '-')}-{repeat}.log",
+                )
+                seconds[variant].append(run.result["seconds"])
+                cpu[variant].append(run.result["cpu_seconds"])
+                saved[variant] = run.result["checkpoint_bytes"]
+                print(
+                    f"round {repeat + 1} {variant}: {run.result['seconds']:.2f} s, "
+                    f"{run.result['cpu_seconds']:.2f} CPU s (load {run.load_before:.1f})",
+                    flush=True,
+                )
+
+    off, off_cpu = median(seconds["off"]), median(cpu["off"])
+    print(f"\nGPTQ W4A16, {args.samples} x {args.max_seq_len} tokens, {args.repeats} rounds")
+    print(
+        "| variant | calibration s (median) | runs | / off | CPU s (median) | / off "
+        "| checkpoint MB at the end |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for variant in VARIANTS:
+        runs = ", ".join(f"{s:.2f}" for s in seconds[variant])
+        wall, busy = median(seconds[variant]), median(cpu[variant])
+        print(
+            f"| {variant} | {wall:.2f} | {runs} | {wall / off:.3f} | {busy:.2f} "
+            f"| {busy / off_cpu:.3f} | {saved[variant] / 2**20:.1f} |"
+        )
+    ratio = median(seconds["default"]) / off
+    met = ratio <= TARGET_RATIO
+    print(f"\ndefault / off = {ratio:.3f} (target <= {TARGET_RATIO}): {'met' if met else 'MISSED'}")
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,323 @@
+"""A long calibration survives a crash: it resumes from the last finished layer (issue #24).
+
+The flow-level cases kill the calibration child (SIGKILL, as the OOM killer or a lost spot host
+would) once the checkpoint holds two finished subgraphs, rerun the same inputs, and hold the
+published weights to an uninterrupted run's, tensor for tensor: on CPU every kernel here is
+deterministic, so nothing looser is accepted. The in-process cases drive oneshot through the
+resumable pipeline and check what a checkpoint may and may not be used for.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_faults import Output, flow_env, published_from, start
+
+from compressflow import compat
+from compressflow.data.local_text import python_docs
+from compressflow.demo.zoo import build_tiny, model_class
+from compressflow.params import RecipeArgs
+from compressflow.recipes.render import render
+from compressflow.runtime import resume
+from compressflow.runtime.resume import CalibrationCheckpoint
+
+# Runs compress-model with the parameter groups in argv[1]; prints the result as one JSON line.
+FLOW_SCRIPT = r"""
+import json, sys
+from compressflow.flows.compress import compress
+from compressflow.params import (
+    CalibrationArgs, DatasetArgs, ModelArgs, OutputArgs, RecipeArgs, VerifyArgs,
+)
+
+params = json.loads(sys.argv[1])
+published = compress(
+    model=ModelArgs(**params["model"]),
+    dataset=DatasetArgs(**params["dataset"]),
+    recipe=RecipeArgs(**params["recipe"]),
+    output=OutputArgs(**params["output"]),
+    verify=VerifyArgs(**params["verify"]),
+    calibration=CalibrationArgs(**params["calibration"]),
+)
+print("PUBLISHED " + published.model_dump_json(), flush=True)
+"""
+
+KEY = resume.checkpoint_key(run="test")
+
+
+class Stop(Exception):
+    """Ends calibration after a number of subgraphs, in process."""
+
+
+def calibrate(model_path: Path, folder: Path, interval_s: float, stop_after: int | None = None):
+    """oneshot W8A8 (SmoothQuant, then GPTQ: two sequential passes) on `model_path` through the
+    resumable pipeline; the calibrated state dict, or None when stopped."""
+    from datasets import Dataset
+    from llmcompressor import oneshot
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    data = Dataset.from_dict(tokenizer(python_docs()[:16], truncation=True, max_length=64))
+    model = AutoModelForCausalLM.from_pretrained(model_path)
+    checkpoint = CalibrationCheckpoint(folder, KEY, interval_s)
+    done = checkpoint.subgraph_done
+
+    def counting(*args):
+        done(*args)
+        counting.calls += 1
+        if counting.calls == stop_after:
+            raise Stop
+
+    counting.calls = 0
+    checkpoint.subgraph_done = counting
+    try:
+        with (
+            compat.restored_torch_functions(),
+            compat.resumable_pipeline(checkpoint, independent=True) as pipeline,
+        ):
+            oneshot(
+                model=model,
+                processor=tokenizer,
+                recipe=render(RecipeArgs(preset="W8A8")).yaml,
+                dataset=data,
+                num_calibration_samples=len(data),
+                shuffle_calibration_samples=False,
+                batch_size=4,
+                pipeline=pipeline,
+            )
+    except Stop:
+        return None
+    return {name: tensor.clone() for name, tensor in model.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_model, tmp_path_factory):
+    return calibrate(tiny_model, tmp_path_factory.mktemp("off") / "calibration-resume" / "x", -1)
+
+
+def checkpoint_folder(tmp_path: Path) -> Path:
+    return tmp_path / "calibration-resume" / "run"
+
+
+def test_resumed_calibration_equals_an_uninterrupted_one(tiny_model, tmp_path, uninterrupted):
+    folder = checkpoint_folder(tmp_path)
+    # 3 subgraphs a pass: stopped in the GPTQ pass, after its first subgraph.
+    assert calibrate(tiny_model, folder, 0, stop_after=4) is None
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert (manifest["next_pass"], manifest["next_subgraph"]) == (1, 1)
+
+    resumed = calibrate(tiny_model, folder, 0)
+    assert resumed.keys() == uninterrupted.keys()
+    different = [name for name in resumed if not torch.equal(resumed[name], uninterrupted[name])]
+    assert different == []
+
+
+def test_no_checkpoint_with_a_negative_interval(tiny_model, tmp_path):
+    folder = checkpoint_folder(tmp_path)
+    assert calibrate(tiny_model, folder, -1, stop_after=2) is None
+    assert not folder.exists()
+
+
+@pytest.fixture()
+def saved(tiny_model, tmp_path) -> Path:
+    """A checkpoint of the first two subgraphs."""
+    folder = checkpoint_folder(tmp_path)
+    assert calibrate(tiny_model, folder, 0, stop_after=2) is None
+    return folder
+
+
+def corrupt_layer(folder: Path) -> None:
+    layer = next((folder / "layers").glob("*.safetensors"))
+    data = bytearray(layer.read_bytes())
+    data[-1] ^= 0xFF
+    layer.write_bytes(bytes(data))
+
+
+def discarded(folder: Path, caplog, key: dict) -> str:
+    """Open the checkpoint in `folder` with `key`; the warning, after checking nothing is used."""
+    with caplog.at_level(logging.WARNING):
+        checkpoint = CalibrationCheckpoint(folder, key, 0)
+    assert checkpoint.resume_at() is None
+    assert not folder.exists()
+    assert "Discarding the calibration checkpoint" in caplog.text
+    return caplog.text
+
+
+def test_a_checkpoint_of_other_inputs_is_discarded(saved, caplog):
+    assert "(recipe differ)" in discarded(saved, caplog, {**KEY, "recipe": "another"})
+
+
+def test_a_checkpoint_of_another_library_version_is_discarded(saved, caplog, monkeypatch):
+    versions = resume.library_versions()
+    monkeypatch.setattr(resume, "library_versions", lambda: {**versions, "torch": "0.0"})
+    assert "(libraries differ)" in discarded(saved, caplog, resume.checkpoint_key(run="test"))
+
+
+def test_a_corrupt_checkpoint_is_discarded(saved, caplog):
+    layer = next((saved / "layers").glob("*.safetensors"))
+    data = bytearray(layer.read_bytes())
+    data[-1] ^= 0xFF
+    layer.write_bytes(bytes(data))
+    assert f"{layer.relative_to(saved)} is missing or corrupt" in discarded(saved, caplog, KEY)
+
+
+def test_an_unreadable_checkpoint_is_discarded(saved, caplog):
+    (saved / "manifest.json").write_text("{")
+    assert "it cannot be read" in discarded(saved, caplog, KEY)
+
+
+def test_a_crash_during_a_save_leaves_the_previous_checkpoint_usable(
+    tiny_model, saved, monkeypatch
+):
+    before = json.loads((saved / "manifest.json").read_text())
+
+    def dies_half_way(tensors, path):
+        Path(path).write_bytes(b"half a file")
+        raise OSError("killed")
+
+    monkeypatch.setattr("safetensors.torch.save_file", dies_half_way)
+    with pytest.raises(OSError, match="killed"):
+        calibrate(tiny_model, saved, 0)
+    monkeypatch.undo()
+
+    checkpoint = CalibrationCheckpoint(saved, KEY, 0)
+    assert checkpoint.resume_at() == (before["next_pass"], before["next_subgraph"]) == (0, 2)
+    assert json.loads((saved / "manifest.json").read_text()) == before
+
+
+def test_discard_removes_only_checkpoint_folders(tmp_path):
+    user = tmp_path / "models" / "mine"
+    user.mkdir(parents=True)
+    resume.discard(user)
+    assert user.exists()
+    ours = tmp_path / resume.ROOT / "key" / "recipe"
+    ours.mkdir(parents=True)
+    resume.discard(ours)
+    assert not ours.exists()
+
+
+# --- The flow, killed and rerun ---------------------------------------------------------------
+
+
+def run_flow(params: dict, env: dict) -> tuple[str, dict]:
+    process = start(FLOW_SCRIPT, json.dumps(params), env=env)
+    text = Output(process).finish(600)
+    assert process.returncode == 0, text[-5000:]
+    return text, published_from(text)
+
+
+def kill_after_two_subgraphs(params: dict, env: dict, cache: Path) -> None:
+    """Start the flow, SIGKILL its calibration child once the checkpoint holds two finished
+    subgraphs, and let the flow fail."""
+    process = start(FLOW_SCRIPT, json.dumps(params), env=env)
+    output = Output(process)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        manifests = list((cache / resume.ROOT).glob("*/*/manifest.json"))
+        state = json.loads(manifests[0].read_text()) if manifests else {}
+        if state.get("finished_subgraphs", 0) >= 2:
+            os.kill(state["pid"], signal.SIGKILL)
+            break
+        assert process.poll() is None, output.text()[-5000:]
+        time.sleep(0.01)
+    text = output.finish(300)
+    assert process.returncode != 0, "the run finished before its calibration was killed"
+    assert "calibration" in text, text[-3000:]
+
+
+def assert_kill_and_resume_change_nothing(source: Path, tmp_path: Path, **groups) -> None:
+    env = flow_env(tmp_path)
+    cache = Path(env["COMPRESSFLOW_CACHE_DIR"])
+
+    def params(name: str, interval: float) -> dict:
+        return {
+            **groups,
+            "model": {"model_id": str(source), **groups.get("model", {})},
+            "output": {"save_directory": str(tmp_path / "out" / name)},
+            "calibration": {"checkpoint_interval_s": interval, "batch_size": 4},
+        }
+
+    _, reference = run_flow(params("uninterrupted", -1), env)
+    assert not (cache / resume.ROOT).exists() or not any((cache / resume.ROOT).iterdir())
+
+    kill_after_two_subgraphs(params("resumed", 0), env, cache)
+    text, resumed = run_flow(params("resumed", 0), env)
+
+    assert "Resuming at layer" in text, text[-5000:]
+    manifest = json.loads((Path(resumed["path"]) / "manifest.json").read_text())
+    assert manifest["resumed_from"] and manifest["resumed_from"].startswith("pass 1, layer ")
+    assert not list((cache / resume.ROOT).glob("*/*")), "the checkpoint outlived the publish"
+
+    expected = tensors(Path(reference["path"]))
+    got = tensors(Path(resumed["path"]))
+    assert got.keys() == expected.keys()
+    assert [name for name in got if not torch.equal(got[name], expected[name])] == []
+
+
+def tensors(folder: Path) -> dict:
+    found = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        found.update(load_file(file))
+    return found
+
+
+@pytest.mark.matrix
+@pytest.mark.usefixtures("prefect_harness")
+def test_yardstick_killed_mid_calibration_resumes_to_the_same_weights(yardstick, tmp_path):
+    assert_kill_and_resume_change_nothing(
+        yardstick.model,
+        tmp_path,
+        dataset={
+            "dataset_name": str(yardstick.calibration),
+            "text_samples": 64,
+            "max_seq_len": yardstick.spec.seq_len,
+        },
+        recipe={"recipe": "W4A16"},
+        verify={},
+    )
+
+
+@pytest.mark.matrix
+@pytest.mark.usefixtures("prefect_harness")
+def test_moe_killed_mid_calibration_resumes_to_the_same_weights(test_root, tmp_path):
+    from conftest import RANDOM_WEIGHTS
+
+    assert_kill_and_resume_change_nothing(
+        build_tiny("qwen3_moe", test_root / "zoo"),
+        tmp_path,
+        model={"model_class": model_class("qwen3_moe")},
+        dataset={"text_samples": 32, "max_seq_len": 128},
+        recipe={"recipe": "W4A16"},
+        verify=RANDOM_WEIGHTS,
+    )
+
+
+def test_the_plan_checks_the_checkpoints_disk_cost(tmp_path, monkeypatch):
+    from compressflow.errors import ResourceError
+    from compressflow.params import CalibrationArgs
+    from compressflow.results import BuiltDataset, MemoryPlan
+    from compressflow.tasks.plan_memory import with_checkpoints
+
+    monkeypatch.setenv("COMPRESSFLOW_CACHE_DIR", str(tmp_path))
+    recipe, data = render(RecipeArgs(preset="W8A8")), BuiltDataset.model_construct()
+
+    def planned(weight_bytes: int, interval: float = 600) -> MemoryPlan:
+        plan = MemoryPlan.model_construct(
+            path="classic", weight_bytes=weight_bytes, activation_bytes=5, checkpoint_folder=""
+        )
+        args = CalibrationArgs(checkpoint_interval_s=interval)
+        return with_checkpoints(plan, recipe, data, RecipeArgs(preset="W8A8"), args, "k" * 64)
+
+    plan = planned(100)
+    assert plan.checkpoint_bytes == 2 * 100 + 5  # two sequential passes (SmoothQuant, GPTQ)
+    assert Path(plan.checkpoint_folder) == tmp_path / resume.ROOT / ("k" * 32)
+    assert planned(100, interval=-1).checkpoint_folder == ""
+    with pytest.raises(ResourceError, match="calibration.checkpoint_interval_s"):
+        planned(2**60)
