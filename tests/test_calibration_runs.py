@@ -109,7 +109,7 @@ def test_a_result_still_comes_back_and_stderr_is_passed_on(capsys):
 
 
 def plan(tmp_path, recipe="W4A16", images=False, **args):
-    """The plan for Llama-3.1-8B on a roomy CPU worker (tests/test_memory.py's shapes)."""
+    """The plan for Llama-3.1-8B on a roomy GPU worker (tests/test_memory.py's shapes)."""
     from test_memory import LLAMA_8B, Config, data, model_8b
 
     return make_plan(
@@ -121,7 +121,7 @@ def plan(tmp_path, recipe="W4A16", images=False, **args):
         Config(),
         tmp_path / "out",
         int(120 * GIB),
-        0,
+        int(78 * GIB),
         [512] * 128,
         images=images,
     )
@@ -293,7 +293,6 @@ def test_auto_round_with_many_samples_publishes_a_verified_model(tiny_model, tmp
     try:
         published = compress(
             model=ModelArgs(model_id=str(tiny_model)),
-            # Every sample cut to 32 tokens: no truncation holds the automatic batch below 16.
             dataset=DatasetArgs(text_samples=32, max_seq_len=32),
             recipe=RecipeArgs(preset="W4A16_AUTOROUND", recipe_args={"iters": 2}),
             output=OutputArgs(save_directory=str(tmp_path / "out")),

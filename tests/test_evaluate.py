@@ -111,10 +111,22 @@ def test_gate_fails_the_run_when_a_threshold_is_passed(compressed):
 
 
 def test_gate_flags_the_run_when_asked_to(compressed):
-    gate = QualityGate(max_perplexity_increase_pct=1e-9, max_kl=0, on_threshold="flag")  # 0: off
+    # KL, not perplexity: quantizing a random-weight model can lower its perplexity by chance.
+    gate = QualityGate(max_perplexity_increase_pct=0, max_kl=1e-9, on_threshold="flag")  # 0: off
     report = evaluate(compressed=ModelArgs(model_id=compressed), held_out=FEW, gate=gate)
     assert not report.passed
-    assert report.breaches and report.breaches[0].startswith("perplexity rose")
+    assert report.breaches and report.breaches[0].startswith("KL divergence")
+
+
+def test_a_perplexity_rise_past_the_limit_is_a_breach():
+    from compressflow.reporting.quality import breaches
+    from compressflow.results import QualityMetrics
+
+    metrics = QualityMetrics.model_construct(
+        perplexity_increase_pct=2.5, compressed_perplexity=41.0, kl_divergence=None
+    )
+    assert breaches(metrics, 2.0, 0.1) == ["perplexity rose 2.50% (limit 2.0%)"]
+    assert breaches(metrics, 3.0, 0.1) == []
 
 
 def test_missing_compressed_model_fails_before_loading():

@@ -106,6 +106,12 @@ def checkpoint_folder(tmp_path: Path) -> Path:
     return tmp_path / "calibration-resume" / "run"
 
 
+@pytest.fixture(autouse=True)
+def cache_in_tmp_path(tmp_path, monkeypatch):
+    """Checkpoints are discarded only below the cache root's calibration-resume folder."""
+    monkeypatch.setenv("COMPRESSFLOW_CACHE_DIR", str(tmp_path))
+
+
 def test_resumed_calibration_equals_an_uninterrupted_one(tiny_model, tmp_path, uninterrupted):
     folder = checkpoint_folder(tmp_path)
     # 3 subgraphs a pass: stopped in the GPTQ pass, after its first subgraph.
@@ -197,10 +203,16 @@ def test_discard_removes_only_checkpoint_folders(tmp_path):
     user.mkdir(parents=True)
     resume.discard(user)
     assert user.exists()
+    elsewhere = tmp_path / "models" / resume.ROOT / "key"  # our folder's name, not our folder
+    elsewhere.mkdir(parents=True)
+    resume.discard(elsewhere)
+    assert elsewhere.exists()
     ours = tmp_path / resume.ROOT / "key" / "recipe"
     ours.mkdir(parents=True)
     resume.discard(ours)
     assert not ours.exists()
+    resume.discard(tmp_path / resume.ROOT)  # the root itself
+    assert (tmp_path / resume.ROOT).exists()
 
 
 # --- The flow, killed and rerun ---------------------------------------------------------------

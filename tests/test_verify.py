@@ -127,6 +127,8 @@ def test_held_out_texts_go_through_together_with_the_logits_of_one_forward_each(
     for got, want, ids in zip(batched, alone, samples, strict=True):
         assert got.shape == (len(ids), want.shape[-1])
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        # Its own storage: the saved reference holds these texts, not the padded batch.
+        assert got.untyped_storage().nbytes() == got.numel() * got.element_size()
 
 
 def test_long_held_out_texts_split_into_forwards_under_the_token_budget():

@@ -50,6 +50,12 @@ ONE_SAMPLE_MODIFIERS = {
     "AutoRoundModifier": "AutoRoundModifier batches the samples it captures itself (its own "
     "batch_size) and takes one per calibration batch; given more, auto-round exits the process",
 }
+# Measured on 2 CPU cores (benchmarks/README.md): oneshot took as long with batch 16 as with 1,
+# and held about 0.5 GB more; batching pays on a GPU.
+CPU_BATCH = (
+    "computed on CPU, where larger batches do not speed calibration and hold more memory (set "
+    "calibration.batch_size to batch anyway)"
+)
 ONE_SAMPLE_IMAGES = "image+text calibration runs one sample per batch (images differ in shape)"
 # model_free_ptq reads a shard, quantizes it tensor by tensor and writes it: the shard, its
 # quantized copy and one tensor's float32 working copy.
@@ -377,6 +383,9 @@ def make_plan(
         )
     if one_sample:
         notes.append(f"batch 1: {'; '.join(one_sample)}")
+        sizes = [1]
+    elif not args.batch_size and not gpu_available:
+        notes.append(f"batch 1: {CPU_BATCH}")
         sizes = [1]
     else:
         sizes = [args.batch_size] if args.batch_size else list(AUTO_BATCH_SIZES)

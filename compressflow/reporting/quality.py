@@ -142,7 +142,10 @@ def logits_of(model, samples: list[list[int]], tokens_per_forward: int = TOKENS_
                 ids[row, : len(sample)] = torch.tensor(sample)
                 mask[row, : len(sample)] = 1
             out = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
-            logits += [out[row, : len(sample)].float().cpu() for row, sample in enumerate(group)]
+            # Cloned: a view would keep (and torch.save would write) the whole padded batch.
+            logits += [
+                out[row, : len(sample)].float().cpu().clone() for row, sample in enumerate(group)
+            ]
     return logits
 
 

@@ -55,8 +55,10 @@ def checkpoint_key(**parts) -> dict:
 
 
 def discard(folder: Path) -> None:
-    """Remove a checkpoint folder; only ever one inside our own `calibration-resume` root."""
-    if ROOT in folder.parts[:-1] and folder.is_dir():
+    """Remove a checkpoint folder; only ever one below our own `calibration-resume` root (not a
+    folder of that name elsewhere, not the root itself, not through a link)."""
+    root = (cache_root() / ROOT).resolve()
+    if folder.is_dir() and not folder.is_symlink() and folder.resolve().parent.is_relative_to(root):
         shutil.rmtree(folder, ignore_errors=True)
 
 
