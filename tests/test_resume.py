@@ -198,6 +198,16 @@ def test_a_crash_during_a_save_leaves_the_previous_checkpoint_usable(
     assert json.loads((saved / "manifest.json").read_text()) == before
 
 
+def test_a_checkpoint_naming_files_outside_its_folder_is_discarded(saved, caplog, tmp_path):
+    outside = tmp_path / "user-file.txt"
+    outside.write_text("the user's")
+    manifest = json.loads((saved / "manifest.json").read_text())
+    manifest["acts"] = "../user-file.txt"
+    (saved / "manifest.json").write_text(json.dumps(manifest))
+    assert "names files this project does not write" in discarded(saved, caplog, KEY)
+    assert outside.read_text() == "the user's"
+
+
 def test_discard_removes_only_checkpoint_folders(tmp_path):
     user = tmp_path / "models" / "mine"
     user.mkdir(parents=True)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -36,6 +37,9 @@ FORMAT = 1
 ROOT = "calibration-resume"
 MANIFEST = "manifest.json"
 KEY = "key.json"
+
+
+OWN_FILE = re.compile(r"layers/p\d+-s\d+\.safetensors|acts-p\d+-s\d+\.pt")
 
 
 def checkpoint_folder(run_key: str) -> Path:
@@ -145,6 +149,11 @@ class CalibrationCheckpoint:
                 name for name in {*key, *self.key} if key.get(name) != self.key.get(name)
             )
             return f"it was made from other inputs or versions ({', '.join(changed)} differ)"
+        names = [*manifest["files"], *([manifest["acts"]] if manifest.get("acts") else [])]
+        if foreign := [name for name in names if not OWN_FILE.fullmatch(name)]:
+            # Only names this module writes: later reads and the unlink of old activations
+            # must never reach outside the folder (`../`) or into a file it did not write.
+            return f"it names files this project does not write ({foreign[0]!r})"
         for name, digest in manifest["files"].items():
             path = self.folder / name
             if not path.is_file() or sha256_of(path) != digest:
