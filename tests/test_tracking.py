@@ -7,7 +7,10 @@ folder (task.json, metrics.jsonl, artifacts) that a later `Task.import_offline_s
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -176,3 +179,32 @@ def test_unreachable_server_still_publishes_in_bounded_time_without_leaking_keys
     ):
         for secret in (ACCESS_KEY, SECRET_KEY, HUB_TOKEN):
             assert secret not in text
+
+
+def test_tables_are_logged_without_pandas_in_the_flows_process(tmp_path):
+    """clearml imports pandas and pyarrow only for what compressflow does not use; the flow's
+    process leaves them out (issue 23) and a table still reaches the session, NaN spelled out."""
+    script = """
+import json, sys
+from compressflow.reporting.tracking import open_run
+with open_run("p", "table", []) as tracker:
+    tracker.table("t", [{"a": 1.5, "b": float("nan")}, {"a": 2, "c": "x"}])
+    link = tracker.link()
+print(json.dumps([link, tracker.failures, "pandas" in sys.modules,
+                  "pyarrow" in sys.modules]))
+"""
+    env = {**os.environ, "HOME": str(tmp_path), "CLEARML_OFFLINE_MODE": "1"}
+    env.pop("CLEARML_CONFIG_FILE", None)
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    link, failures, pandas, pyarrow = json.loads(run.stdout.splitlines()[-1])
+    assert (failures, pandas, pyarrow) == ([], False, False)
+    lines = (Path(link) / "metrics.jsonl").read_text().splitlines()
+    plots = [
+        json.loads(e["plot_str"]) for line in lines for e in json.loads(line) if e["metric"] == "t"
+    ]
+    table = plots[0]["data"][0]
+    assert table["header"]["values"] == ["a", "b", "c"]
+    assert table["cells"]["values"] == [[1.5, 2], ["NaN", ""], ["", "x"]]

@@ -17,7 +17,9 @@ failure is recorded with its reason, later calls become no-ops), and close() run
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -135,15 +137,17 @@ class Tracker:
         self._call("report_text", "report_text", message, logger=True)
 
     def table(self, title: str, rows: list[dict]) -> None:
-        import pandas as pd
-
+        """Rows as a list with a header row: ClearML's DataFrame path needs pandas (see
+        `import_clearml`). Non-finite numbers are spelled out as the DataFrame path does."""
+        columns = list(dict.fromkeys(key for row in rows for key in row))
+        cells = [[_cell(row.get(column, "")) for column in columns] for row in rows]
         self._call(
             "report_table",
             "report_table",
             title=title,
             series=title,
             iteration=0,
-            table_plot=pd.DataFrame(rows),
+            table_plot=[columns, *cells],
             logger=True,
         )
 
@@ -198,12 +202,38 @@ class Tracker:
             return None
 
 
+def _cell(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Inf" if value > 0 else "-Inf")
+    return value
+
+
+# Imported by clearml at import time only for DataFrame tables, CSV artifacts and dataset
+# previews, none of which compressflow uses: 42 MB of the flow process (clearml 2.1.12).
+CLEARML_OPTIONAL = ("pandas", "pyarrow")
+
+
+def import_clearml():
+    """The clearml package, imported without its optional heavy modules unless this process
+    already loaded them: the flow's process stays light (issue 23). `Tracker.table` sends lists
+    of rows, which need no pandas."""
+    if "clearml" not in sys.modules:
+        blocked = [name for name in CLEARML_OPTIONAL if name not in sys.modules]
+        sys.modules.update(dict.fromkeys(blocked))  # None there makes `import name` fail
+        try:
+            import clearml
+        finally:
+            for name in blocked:
+                del sys.modules[name]
+    import clearml
+
+    return clearml
+
+
 def current() -> Tracker:
     """The tracker for this process's ClearML task, or a no-op one when none is open."""
     try:
-        from clearml import Task
-
-        task = Task.current_task()
+        task = import_clearml().Task.current_task()
     except Exception as exc:  # ClearML not importable or misconfigured: run untracked
         run_logger(__name__).warning("ClearML unavailable (%s); running without tracking", exc)
         return Tracker()
@@ -275,8 +305,7 @@ def open_run(
         yield tracker
         return
     try:
-        from clearml import Task
-
+        Task = import_clearml().Task
         compat.clearml_report_in_process()
         if settings is not None:
             Task.set_credentials(
