@@ -113,6 +113,12 @@ def compress(
     return published.model_copy(update={"tracking": tracker.status()})
 
 
+def warm_up_children() -> None:
+    """Start the forkserver every child of a run forks from (calibration, the checks, search,
+    verification), with their modules imported there once."""
+    warm_up(calibrate_here, check_before_calibration, search_target, build_held_out.fn, verify.fn)
+
+
 def run_stages(
     model: ModelArgs,
     dataset: DatasetArgs,
@@ -131,7 +137,7 @@ def run_stages(
         "set verify.vllm to auto (check where possible) or off",
     )
     stages = Stages()
-    warm_up(calibrate_here)  # calibration's process forks from it; imports overlap cheap stages
+    warm_up_children()  # its imports overlap the cheap stages
     resolved = resolve_inputs(
         stages.run, model, dataset, recipe, output, calibration, target_args=target_args
     )

@@ -29,6 +29,7 @@ from compressflow.params import (
     TargetArgs,
 )
 from compressflow.results import Check, ValidationReport
+from compressflow.runtime.isolation import warm_up
 from compressflow.store.manifest import find_published
 from compressflow.tasks.adapt_recipe import adapt_recipe
 from compressflow.tasks.build_dataset import build_dataset
@@ -99,6 +100,7 @@ def validate(
         {name: value for name, value in given.items() if value is not None}
     )
 
+    warm_up(check_before_calibration)  # the checks' children then import nothing of their own
     timed = _TimedChecks()
     inputs = resolve_inputs(
         timed.run,

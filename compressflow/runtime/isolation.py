@@ -222,23 +222,25 @@ def _died(what: str, exitcode: int | None, tail: _Tail) -> CalibrationError:
     return _ended(what, f"exited with code {exitcode} without a result", tail)
 
 
-def _context(target: Callable):
-    # The target's own module too, so a child starts with nothing left to import. Only the first
-    # call's list counts: the forkserver then runs for the life of this process.
+def _context(*targets: Callable):
+    # The targets' own modules too, so a child starts with nothing left to import (about 0.5 s a
+    # child otherwise, and a run forks a dozen). Only the first call's list counts: the forkserver
+    # then runs for the life of this process.
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([*PRELOAD, target.__module__])
+    context.set_forkserver_preload([*PRELOAD, *dict.fromkeys(t.__module__ for t in targets)])
     return context
 
 
-def warm_up(target: Callable) -> None:
+def warm_up(*targets: Callable) -> None:
     """Start the forkserver now, so its imports overlap the stages that run before calibration.
 
-    Its ~6 s of imports would otherwise start when calibration does. `target` is the function
-    `run_isolated` will run.
+    Its ~6 s of imports would otherwise start when the first child does. `targets` are the
+    functions children will run (or functions of the modules that import them): their modules
+    are imported once, in the forkserver.
     """
     from multiprocessing import forkserver
 
-    _context(target)
+    _context(*targets)
     with _main_script_not_rerun():
         forkserver.ensure_running()
 
