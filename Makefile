@@ -44,8 +44,9 @@ test: $(STAMP)
 unit: $(STAMP)
 	$(PY) -m pytest -q -m "not e2e and not matrix"
 
-# The architecture and preset matrices (every family and CPU preset end to end); CI runs them
-# after `make test`.
+# The slow set: the architecture and preset matrices (every family and CPU preset end to end)
+# and the longest end-to-end drills (multi-process faults, torchrun launches); CI runs it after
+# `make test`.
 matrix: $(STAMP)
 	$(PY) -m pytest -q -m matrix
 

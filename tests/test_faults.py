@@ -206,6 +206,9 @@ def reloads(path: str) -> bool:
 # --- A run killed while it calibrates ------------------------------------------------------------
 
 
+# Two flow processes (~47 s here): with `make matrix`. test_resume's matrix kills the calibration
+# child too; `make test` keeps the lock and leftover checks below in seconds.
+@pytest.mark.matrix
 def test_run_killed_during_calibration_leaves_nothing_and_the_rerun_completes_from_cache(
     tiny_model, tmp_path
 ):
@@ -286,6 +289,7 @@ def test_lock_excludes_across_processes_while_holders_unlink_it(tmp_path):
     assert leftovers(counter) == []
 
 
+@pytest.mark.matrix  # three flow processes at once (~60 s on 2 cores): with `make matrix`
 def test_concurrent_runs_of_one_output_wait_then_reuse_or_are_refused(tiny_model, tmp_path):
     target = tmp_path / "out" / "shared"
     env = flow_env(tmp_path)

@@ -104,6 +104,7 @@ def test_the_torchrun_command_and_environment(monkeypatch, tmp_path):
     assert environment["PATH"] == os.environ["PATH"]
 
 
+@pytest.mark.matrix  # two torchrun launches (~8 s): the launch command is checked above, fast
 def test_ranks_log_to_the_run_prefixed_and_rank_zero_returns(ranks_import_tests, caplog):
     events = []
     with caplog.at_level(logging.INFO):
@@ -117,6 +118,7 @@ def test_ranks_log_to_the_run_prefixed_and_rank_zero_returns(ranks_import_tests,
     assert events == [("progress", (0, 2))]  # rank 0's events only
 
 
+@pytest.mark.matrix
 def test_a_dying_rank_fails_the_run_naming_it_and_stops_the_others(
     ranks_import_tests, monkeypatch, tmp_path
 ):

@@ -207,6 +207,7 @@ def test_cpu_preset_publishes_a_verified_model_that_reloads(
     assert_published_model_matches_base(Path(published.path), source, "LlamaForCausalLM")
 
 
+@pytest.mark.matrix  # a preset's own calibration, ~10 s: with the preset matrix
 @pytest.mark.usefixtures("prefect_harness")
 def test_fp8_kv_cache_calibrates_and_saves_kv_scales(tiny_model, tmp_path):
     from safetensors import safe_open

@@ -329,12 +329,25 @@ def test_cli_reports_every_groups_schema_errors_before_any_check(models, tmp_pat
     assert "got 'fastest'" in lines[2]
 
 
-def test_cli_is_quiet(models, tmp_path):
-    """What a user sees, in a process of its own: the checks' table and the output folder."""
+# What the flow's own process must never import: they live in its child processes (in_child).
+HEAVY = ("torch", "transformers", "llmcompressor", "datasets", "compressed_tensors")
+
+
+def test_cli_is_quiet_and_leaves_the_flows_process_light(models, tmp_path):
+    """What a user sees, in a process of its own: the checks' table and the output folder. And
+    every pre-calibration check (render, fetch, dataset, plan, trace) answers without that
+    process importing torch or the model libraries: a worker's flow process stays small."""
     file = tmp_path / "params.yaml"
     file.write_text(json.dumps(params(models, tmp_path)))
+    imported = tmp_path / "imported.json"
+    # `python -m compressflow.flows.cli validate FILE`, then what it imported, written at exit.
+    script = (
+        "import atexit, json, runpy, sys; out = sys.argv.pop(); atexit.register(lambda: "
+        f"open(out, 'w').write(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))); "
+        "runpy.run_module('compressflow.flows.cli', run_name='__main__')"
+    )
     run = subprocess.run(
-        [sys.executable, "-m", "compressflow.flows.cli", "validate", str(file)],
+        [sys.executable, "-c", script, "validate", str(file), str(imported)],
         capture_output=True,
         text=True,
         env=os.environ.copy(),
@@ -347,27 +360,7 @@ def test_cli_is_quiet(models, tmp_path):
     assert lines[0] == "Parameters are valid:"
     assert all(line.startswith("  ") for line in lines[1:-1])
     assert lines[-1] == f"Output: {tmp_path / 'out'}"
-
-
-# What the flow's own process must never import: they live in its child processes (in_child).
-HEAVY = ("torch", "transformers", "llmcompressor", "datasets", "compressed_tensors")
-
-
-def test_the_checks_leave_the_flows_process_light(models, tmp_path):
-    """Every pre-calibration check (render, fetch, dataset, plan, trace) answers without the
-    calling process importing torch or the model libraries: a worker's flow process stays small."""
-    file = tmp_path / "params.yaml"
-    file.write_text(json.dumps(params(models, tmp_path)))
-    script = (
-        "import sys; from compressflow.flows.cli import main; code = main(['validate', "
-        f"{str(file)!r}]); print('HEAVY', sorted(m for m in {HEAVY!r} if m in sys.modules)); "
-        "sys.exit(code)"
-    )
-    run = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=os.environ.copy()
-    )
-    assert run.returncode == 0, run.stderr
-    assert "HEAVY []" in run.stdout, run.stdout
+    assert json.loads(imported.read_text()) == []
 
 
 def test_cli_verbose_leaves_the_libraries_output_alone(models, tmp_path, capsys, monkeypatch):
