@@ -35,6 +35,14 @@ class Settings(BaseSettings):
         description="Comma-separated module prefixes user loaders and collators may come from.",
     )
     tracking: bool = Field(default=True, description="0 turns ClearML tracking off everywhere.")
+    checkpoint_retention_days: float = Field(
+        default=7,
+        ge=0,
+        allow_inf_nan=False,
+        description="Calibration checkpoints nothing has saved into for this many days are "
+        "deleted when a calibration starts: a crashed run that is never rerun would otherwise "
+        "leave a copy of its model's weights in the cache for good.",
+    )
     max_data_mb: int = Field(
         default=1024,
         gt=0,

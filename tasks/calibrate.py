@@ -58,7 +58,8 @@ from compressflow.results import (
 from compressflow.runtime.distributed import run_distributed
 from compressflow.runtime.gpus import gpu_slots
 from compressflow.runtime.isolation import run_isolated
-from compressflow.runtime.resume import CalibrationCheckpoint, checkpoint_key
+from compressflow.runtime.resume import CalibrationCheckpoint, checkpoint_key, expire
+from compressflow.settings import settings
 from compressflow.store.disk_space import disk_full_is_clear, folder_size
 from compressflow.store.manifest import compile_cache_path, reference_path
 
@@ -284,7 +285,15 @@ def calibration_checkpoint(
     oneshot_kwargs: dict,
 ) -> CalibrationCheckpoint | None:
     """The checkpoint of this calibration when the plan has them; it finds one a crashed run
-    left (and resumes from it) or starts one."""
+    left (and resumes from it) or starts one. Checkpoints no run came back for expire first."""
+    days = settings().checkpoint_retention_days
+    for stale in expire(days * 86400):
+        run_logger(__name__).info(
+            "Removed calibration checkpoint %s: nothing saved into it within "
+            "COMPRESSFLOW_CHECKPOINT_RETENTION_DAYS (%g)",
+            stale,
+            days,
+        )
     if not plan.checkpoint_folder or dataset is None:
         return None
     import torch

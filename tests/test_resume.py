@@ -225,6 +225,54 @@ def test_discard_removes_only_checkpoint_folders(tmp_path):
     assert (tmp_path / resume.ROOT).exists()
 
 
+def test_checkpoints_no_run_came_back_for_expire_and_nothing_else(tmp_path):
+    week = 7 * 86400
+    old = time.time() - week - 60
+
+    def run_folder(name: str, age: float) -> Path:
+        folder = tmp_path / resume.ROOT / name / "recipe"
+        (folder / "layers").mkdir(parents=True)
+        (folder / "layers" / "p0-s0.safetensors").write_bytes(b"x")
+        for path in (folder / "layers" / "p0-s0.safetensors", folder / "layers", folder):
+            os.utime(path, (age, age))
+        os.utime(folder.parent, (age, age))
+        return folder.parent
+
+    stale = run_folder("crashed-long-ago", old)
+    live = run_folder("saved-an-hour-ago", old)
+    os.utime(live / "recipe" / "layers" / "p0-s0.safetensors", (time.time() - 3600,) * 2)
+    user = tmp_path / "users-model"  # linked in: its age is not ours to judge, nor its files
+    user.mkdir()
+    (user / "weights.safetensors").write_bytes(b"w")
+    os.utime(user, (old, old))
+    (tmp_path / resume.ROOT / "link").symlink_to(user, target_is_directory=True)
+
+    assert resume.expire(week) == [stale]
+    assert not stale.exists() and live.exists()
+    assert (user / "weights.safetensors").exists() and (tmp_path / resume.ROOT / "link").exists()
+    assert resume.expire(week) == []
+
+
+def test_a_calibration_expires_stale_checkpoints_as_the_setting_says(tmp_path, monkeypatch, caplog):
+    from types import SimpleNamespace
+
+    from compressflow.tasks.calibrate import calibration_checkpoint
+
+    stale = tmp_path / resume.ROOT / "two-days-old"
+    stale.mkdir(parents=True)
+    os.utime(stale, (time.time() - 2 * 86400,) * 2)
+    no_checkpoints = SimpleNamespace(checkpoint_folder=None)
+    with caplog.at_level(logging.INFO):
+        assert calibration_checkpoint(None, None, None, no_checkpoints, {}) is None
+    assert stale.exists()  # the default keeps a week
+    monkeypatch.setenv("COMPRESSFLOW_CHECKPOINT_RETENTION_DAYS", "1")
+    with caplog.at_level(logging.INFO):
+        calibration_checkpoint(None, None, None, no_checkpoints, {})
+    assert not stale.exists()
+    removed = f"Removed calibration checkpoint {stale}: nothing saved into it within "
+    assert removed + "COMPRESSFLOW_CHECKPOINT_RETENTION_DAYS (1)" in caplog.text
+
+
 # --- The flow, killed and rerun ---------------------------------------------------------------
 
 

@@ -66,6 +66,31 @@ def discard(folder: Path) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def expire(max_age_s: float) -> list[Path]:
+    """Remove the run folders below our root that nothing has written into for `max_age_s`; the
+    removed ones. A live run writes at least every `checkpoint_interval_s` (600 s by default),
+    so only runs that crashed and were never rerun are that old."""
+    root = cache_root() / ROOT
+    if not root.is_dir() or root.is_symlink():
+        return []
+    cutoff = time.time() - max_age_s
+    removed = []
+    for run in sorted(root.iterdir()):
+        if run.is_dir() and not run.is_symlink() and _last_written(run) < cutoff:
+            discard(run)
+            removed.append(run)
+    return removed
+
+
+def _last_written(folder: Path) -> float:
+    """The newest mtime in `folder` (links not followed: a link's target is not ours)."""
+    newest = folder.lstat().st_mtime
+    for parent, folders, files in os.walk(folder):
+        for name in folders + files:
+            newest = max(newest, os.lstat(os.path.join(parent, name)).st_mtime)
+    return newest
+
+
 def write_atomic(path: Path, write) -> None:
     """`write(tmp_path)`, flushed to disk, then renamed over `path`."""
     tmp = path.with_name(f".{path.name}.tmp")
