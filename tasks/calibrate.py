@@ -45,7 +45,7 @@ from compressflow.reporting.progress import (
     sequential_passes,
     subgraphs_per_pass,
 )
-from compressflow.reporting.quality import logits_of
+from compressflow.reporting.quality import logits_of, save_reference
 from compressflow.results import (
     BuiltDataset,
     Calibration,
@@ -160,7 +160,8 @@ def capture_reference(
     if not all(torch.isfinite(rows).all() for rows in logits):
         raise non_finite_source(source, first_non_finite(source_tensors(Path(source.path))))
     path = reference_path(staging)
-    torch.save({"input_ids": samples, "logits": logits}, path)
+    with disk_full_is_clear(staging):
+        save_reference(path, samples, logits)
     return path
 
 

@@ -47,7 +47,7 @@ from compressflow.params import DEFAULT_MODEL_CLASS, VerifyArgs
 from compressflow.registries.thresholds import scheme_family
 from compressflow.reporting import tracking
 from compressflow.reporting.artifacts import artifact_key, display_name, logit_figures
-from compressflow.reporting.quality import compare_logits, logits_of
+from compressflow.reporting.quality import compare_logits, logits_of, read_reference
 from compressflow.results import (
     Calibration,
     FetchedModel,
@@ -274,9 +274,7 @@ def check_weights(staging: Path, source: Path) -> VerificationCheck:
 
 def load_reference(calibration: Calibration) -> dict | None:
     """The base model's logits and their token ids; None when calibration captured none."""
-    import torch
-
-    return torch.load(calibration.reference_path) if calibration.reference_path else None
+    return read_reference(Path(calibration.reference_path)) if calibration.reference_path else None
 
 
 def check_logits(

@@ -25,12 +25,14 @@ import pytest
 from safetensors import SafetensorError
 
 from compressflow.errors import HubUnavailableError, PublishError
+from compressflow.reporting.quality import read_reference, save_reference
 from compressflow.store.disk_space import (
     check_free_space,
     disk_full_errno,
     disk_full_is_clear,
 )
 from compressflow.store.locks import lock_path, output_lock, read_holder
+from compressflow.store.manifest import reference_path
 from compressflow.tasks.fetch_model import fetch
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -371,6 +373,44 @@ def test_disk_full_errors_are_recognised_however_they_are_raised(tmp_path):
     # Anything else passes through unchanged.
     with pytest.raises(PermissionError), disk_full_is_clear(tmp_path / "staging"):
         raise PermissionError(errno.EACCES, "Permission denied")
+
+
+REFERENCE_SCRIPT = """
+import resource, signal, sys, torch
+from pathlib import Path
+from compressflow.reporting.quality import save_reference
+from compressflow.store.disk_space import disk_full_is_clear
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.RLIM_INFINITY))
+staging = Path(sys.argv[1])
+with disk_full_is_clear(staging):  # as calibrate's capture_reference saves
+    save_reference(Path(sys.argv[2]), [[1, 2]], [torch.zeros(2, 50_000)])
+"""
+
+
+def test_a_full_disk_while_saving_the_reference_logits_says_so(tmp_path):
+    staging = tmp_path / ".out.staging-1-0123abcd"
+    reference = reference_path(staging)
+    run = subprocess.run(
+        [sys.executable, "-c", REFERENCE_SCRIPT, str(staging), str(reference)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode != 0
+    assert re.search(
+        r"PublishError: output.save_directory: disk full while saving to \S+ \(EFBIG", run.stderr
+    ), run.stderr[-3000:]
+
+
+def test_the_reference_logits_read_back_as_saved(tmp_path):
+    import torch
+
+    logits = [torch.randn(3, 7), torch.randn(5, 7)]
+    save_reference(tmp_path / "r.safetensors", [[1, 2, 3], [4, 5, 6, 7, 8]], logits)
+    back = read_reference(tmp_path / "r.safetensors")
+    assert back["input_ids"] == [[1, 2, 3], [4, 5, 6, 7, 8]]
+    assert all(torch.equal(a, b) for a, b in zip(back["logits"], logits, strict=True))
 
 
 def test_disk_full_while_saving_publishes_nothing(tiny_model, tmp_path):

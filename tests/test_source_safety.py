@@ -245,15 +245,17 @@ def test_leftovers_of_dead_runs_are_removed_and_nothing_else(tmp_path, caplog):
         else:
             folder.mkdir()
             (folder / "weights.bin").write_text("a copy of the weights")
-    reference = tmp_path / f".out.staging-{dead}-0123abcd.reference.pt"
+    reference = tmp_path / f".out.staging-{dead}-0123abcd.reference.safetensors"
     reference.write_text("logits")
+    older = tmp_path / f".out.staging-{dead}-0123abcd.reference.pt"  # before safetensors
+    older.write_text("logits")
     link = tmp_path / f".out.offload-{dead_pid()}"  # we never make links: not ours
     link.symlink_to(tmp_path / ".out.offload-backup")
 
     with caplog.at_level("INFO", logger=store.__name__):
         remove_leftovers(target)
 
-    assert not reference.exists()
+    assert not reference.exists() and not older.exists()
     for name, removed in made.items():
         assert (tmp_path / name).exists() != removed, name
     assert link.is_symlink()

@@ -14,6 +14,7 @@ with the flows' parameters.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from compressflow.compat import patch_reloads
 from compressflow.results import QualityMetrics
@@ -147,6 +148,32 @@ def logits_of(model, samples: list[list[int]], tokens_per_forward: int = TOKENS_
                 out[row, : len(sample)].float().cpu().clone() for row, sample in enumerate(group)
             ]
     return logits
+
+
+def save_reference(path: Path, input_ids: list[list[int]], logits: list) -> None:
+    """The base model's logits on the verification texts, with their token ids, as safetensors:
+    a full disk raises with its OS error there (torch.save's zip writer loses it), so the caller
+    can say the disk is full."""
+    import torch
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for i, (ids, rows) in enumerate(zip(input_ids, logits, strict=True)):
+        tensors[f"input_ids.{i}"] = torch.tensor(ids, dtype=torch.int64)
+        tensors[f"logits.{i}"] = rows.contiguous()
+    save_file(tensors, str(path), metadata={"samples": str(len(input_ids))})
+
+
+def read_reference(path: Path) -> dict:
+    """What `save_reference` wrote: {"input_ids": [[int]], "logits": [tensor]}."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as saved:
+        count = int(saved.metadata()["samples"])
+        return {
+            "input_ids": [saved.get_tensor(f"input_ids.{i}").tolist() for i in range(count)],
+            "logits": [saved.get_tensor(f"logits.{i}") for i in range(count)],
+        }
 
 
 def forwards(samples: list[list[int]], tokens_per_forward: int) -> list[list[list[int]]]:

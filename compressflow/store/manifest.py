@@ -305,7 +305,7 @@ def staging_path(target: Path) -> Path:
 
 def reference_path(staging: Path) -> Path:
     """The base model's reference logits: beside the staging folder, never published."""
-    return staging.with_name(staging.name + ".reference.pt")
+    return staging.with_name(staging.name + ".reference.safetensors")
 
 
 def remove_staging(staging: Path) -> None:
@@ -330,7 +330,8 @@ def compile_cache_path(staging: Path) -> Path:
 # staging folder (and its reference logits), the offload folder (compressflow.model.memory) and
 # an output being replaced. Each carries the pid of the run that made it.
 LEFTOVERS = {
-    "staging": r"staging-(\d{1,9})-[0-9a-f]{8}(\.reference\.pt|\.compile)?",
+    # .reference.pt: what runs before the safetensors reference left
+    "staging": r"staging-(\d{1,9})-[0-9a-f]{8}(\.reference\.(pt|safetensors)|\.compile)?",
     "offload": r"offload-(\d{1,9})",
     "retired": r"retired-(\d{1,9})-[0-9a-f]{8}",
 }
