@@ -23,7 +23,7 @@ from compressflow.errors import CalibrationError, CompressflowError, InputError
 from compressflow.model.memory import GIB, has_images, make_plan
 from compressflow.params import CalibrationArgs, RecipeArgs
 from compressflow.recipes.render import render
-from compressflow.runtime.isolation import run_isolated
+from compressflow.runtime.isolation import in_child, run_isolated
 
 # --- Part A: the calibration process ends without a result ----------------------------------------
 # Targets run in the forked child: module-level, called as target(*args, events=...).
@@ -84,6 +84,14 @@ def test_an_abort_names_the_signal_and_the_last_logged_line():
     assert "loaded the model; calibrating" in error.problem
     assert "Fatal Python error: Aborted" in error.problem  # faulthandler's words on stderr
     assert error.field == "calibration" and "native code" in error.fix
+
+
+def test_a_stage_child_that_dies_is_named_by_its_stage():
+    from stand_ins import runs_out_of_memory
+
+    with pytest.raises(CalibrationError) as raised:
+        in_child(runs_out_of_memory)
+    assert "the stand ins (runs_out_of_memory) process was killed by SIGKILL" in str(raised.value)
 
 
 def test_a_sigkill_points_at_memory():

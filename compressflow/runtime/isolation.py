@@ -351,5 +351,8 @@ def in_child(function: Callable, *args: Any) -> Any:
     For the stages' work that needs torch, transformers or llm-compressor: they are imported in
     the forkserver once and never in the task's process. `function` and `args` must pickle.
     """
-    name = getattr(function, "__name__", "stage")
-    return run_isolated(_call, (function, args), lambda kind, payload: None, name)
+    # A death names the stage, by its module (tasks/plan_memory.py: "plan memory"), and the
+    # function: "the plan memory (plan_for) process was killed by SIGKILL".
+    stage = function.__module__.rsplit(".", 1)[-1].replace("_", " ")
+    what = f"{stage} ({function.__name__})"
+    return run_isolated(_call, (function, args), lambda kind, payload: None, what)
