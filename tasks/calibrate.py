@@ -36,6 +36,7 @@ from compressflow.data.user_code import import_callable
 from compressflow.data.vision import collate_one
 from compressflow.errors import CalibrationError, ModelFetchError
 from compressflow.logs import run_logger
+from compressflow.model.memory import stage_offload_folder
 from compressflow.params import CalibrationArgs, RecipeArgs, VerifyArgs
 from compressflow.registries.architectures import ARCHITECTURES
 from compressflow.reporting import tracking
@@ -365,9 +366,12 @@ def calibrate(
         elif kind == "subgraph" and progress:
             progress[0].subgraph_done()
 
-    inputs = (model, dataset, recipe, args, plan, staging_path, verify, save_compressed)
-    job = (calibrate_here, (*inputs, data_collator))
-    with gpu_slots(calibration.gpus, calibration.timeout_minutes * 60 or None) as devices:
+    with (
+        stage_offload_folder(plan, "calibrate") as plan,
+        gpu_slots(calibration.gpus, calibration.timeout_minutes * 60 or None) as devices,
+    ):
+        inputs = (model, dataset, recipe, args, plan, staging_path, verify, save_compressed)
+        job = (calibrate_here, (*inputs, data_collator))
         if calibration.gpus > 1:
             result = run_distributed(*job, calibration.gpus, devices, on_event, "calibration")
         else:

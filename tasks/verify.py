@@ -41,6 +41,7 @@ from compressflow.compat import patch_reloads
 from compressflow.errors import VerificationError
 from compressflow.logs import run_logger
 from compressflow.model.checkpoint import tensor_index
+from compressflow.model.memory import stage_offload_folder
 from compressflow.model.serving import serve_and_score
 from compressflow.model.tracing import unloaded_tensors
 from compressflow.params import DEFAULT_MODEL_CLASS, VerifyArgs
@@ -406,7 +407,8 @@ def verify(
     target: str,
 ) -> Verification:
     """Reload the staged checkpoint and prove it; raise VerificationError when it fails."""
-    result = in_child(run_checks, calibration, model, recipe, plan, args)
+    with stage_offload_folder(plan, "verify") as own:
+        result = in_child(run_checks, calibration, model, recipe, own, args)
     log = run_logger(__name__)
     for check in result.checks:
         (log.info if check.passed else log.error if check.checked else log.warning)(

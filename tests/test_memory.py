@@ -23,6 +23,7 @@ from compressflow.model.memory import (
     make_plan,
     model_free_spec,
     plan_for,
+    stage_offload_folder,
     truncated_share,
 )
 from compressflow.params import (
@@ -116,6 +117,29 @@ def test_weights_that_do_not_fit_under_the_cap_are_read_from_disk(tmp_path):
     assert 0 <= result.weights_in_memory_bytes <= 14 * GIB - result.cpu_needed_bytes
     assert result.offload_folder == str(tmp_path / f".out.offload-{__import__('os').getpid()}")
     assert any("read from disk layer by layer" in note for note in result.notes)
+
+
+def test_each_stage_reads_from_disk_through_a_fresh_folder_of_its_own(tmp_path):
+    """compressed-tensors names offloaded files by id(), which children of one forkserver reuse:
+    calibration and verify (and each round of a target search) must not share a folder."""
+    users = tmp_path / "users-offload"
+    users.mkdir()
+    (users / "keep.bin").write_text("not ours")
+    disk = plan(tmp_path, cpu_gib=120, max_cpu_memory_gb=14).model_copy(
+        update={"offload_folder": str(users)}
+    )
+    with (
+        stage_offload_folder(disk, "calibrate") as first,
+        stage_offload_folder(disk, "verify") as second,
+    ):
+        folders = [Path(first.offload_folder), Path(second.offload_folder)]
+        assert folders[0] != folders[1] and all(f.parent == users and f.is_dir() for f in folders)
+        assert [f.name[:7] for f in folders] == ["calibra", "verify-"]
+        (folders[0] / "ct_disk_cache_0_1.safetensors").write_text("offloaded")
+    assert sorted(p.name for p in users.iterdir()) == ["keep.bin"]
+    in_memory = plan(tmp_path, cpu_gib=120)
+    with stage_offload_folder(in_memory, "verify") as same:
+        assert same is in_memory
 
 
 def test_a_plan_that_fits_nowhere_is_refused_with_the_numbers_and_the_fix(tmp_path):

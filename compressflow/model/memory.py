@@ -22,6 +22,10 @@ that says it fits should not meet an out-of-memory error.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -445,6 +449,26 @@ def offload_folder(args: CalibrationArgs, target: Path) -> str:
     if args.offload_folder:
         return str(Path(args.offload_folder).expanduser().resolve())
     return str(target.parent / f".{target.name}.offload-{os.getpid()}")
+
+
+@contextmanager
+def stage_offload_folder(plan: MemoryPlan, stage: str) -> Iterator[MemoryPlan]:
+    """`plan` with a fresh folder of `stage`'s own inside its offload folder, removed after.
+
+    compressed-tensors names the files it offloads by the id() of a meta tensor, and children
+    forked from one forkserver reuse ids: a reload into a folder calibration had left files in
+    failed with FileExistsError (granite FP8_DYNAMIC read from disk). In a user's
+    `offload_folder` it also removes exactly what the stage made there.
+    """
+    if plan.placement not in ("disk", "shards") or not plan.offload_folder:
+        yield plan
+        return
+    Path(plan.offload_folder).mkdir(parents=True, exist_ok=True)
+    own = tempfile.mkdtemp(prefix=f"{stage}-", dir=plan.offload_folder)
+    try:
+        yield plan.model_copy(update={"offload_folder": own})
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
 
 
 def plan_for(
