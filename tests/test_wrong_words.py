@@ -95,7 +95,7 @@ def test_verification_failure_of_a_preset_names_recipe_preset(tmp_path, monkeypa
             calibration,
             model,
             render(RecipeArgs(preset="W4A16")),
-            MemoryPlan.model_construct(path="classic"),
+            MemoryPlan.model_construct(path="classic", placement="cpu"),
             VerifyArgs(),
             "out",
         )
@@ -122,7 +122,7 @@ def test_a_library_failure_calibrating_a_preset_names_recipe_preset(tmp_path, mo
             None,
             render(RecipeArgs(preset="W4A16")),
             RecipeArgs(preset="W4A16"),
-            MemoryPlan.model_construct(path="classic"),
+            MemoryPlan.model_construct(path="classic", placement="cpu"),
             str(tmp_path / "staging"),
             VerifyArgs(),
             True,
