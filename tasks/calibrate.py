@@ -367,10 +367,10 @@ def calibrate(
             progress[0].subgraph_done()
 
     with (
-        stage_offload_folder(plan, "calibrate") as plan,
+        stage_offload_folder(plan, "calibrate") as staged,
         gpu_slots(calibration.gpus, calibration.timeout_minutes * 60 or None) as devices,
     ):
-        inputs = (model, dataset, recipe, args, plan, staging_path, verify, save_compressed)
+        inputs = (model, dataset, recipe, args, staged, staging_path, verify, save_compressed)
         job = (calibrate_here, (*inputs, data_collator))
         if calibration.gpus > 1:
             result = run_distributed(*job, calibration.gpus, devices, on_event, "calibration")
