@@ -113,6 +113,16 @@ def windows(tokenizer, texts: list[str], length: int) -> list[str]:
     return pieces
 
 
+def _absent_from(pieces: list[str], texts: list[str]) -> list[str]:
+    """The pieces found verbatim in none of `texts`.
+
+    The standard library repeats code between modules (site.py and sysconfig.py share their
+    user-base lookup), so whole-file splits alone still let a held-out piece be trained on.
+    """
+    joined = "\0".join(texts)
+    return [piece for piece in pieces if piece not in joined]
+
+
 def _key(spec: YardstickSpec) -> dict:
     """What the built folder depends on: a change to any of it rebuilds."""
     import torch
@@ -210,8 +220,8 @@ def build_yardstick(root: str | Path, spec: YardstickSpec = YardstickSpec()) -> 
         train_texts, held_out_texts = _read(train_files), _read(held_out_files)
         tokenizer = build_tokenizer(spec.vocab_size, train_texts)  # the training split only
         model, final_loss = _train(spec, tokenizer, train_texts)
-        held_out = windows(tokenizer, held_out_texts, spec.seq_len)
-        calibration = windows(tokenizer, train_texts, spec.seq_len)
+        held_out = _absent_from(windows(tokenizer, held_out_texts, spec.seq_len), train_texts)
+        calibration = _absent_from(windows(tokenizer, train_texts, spec.seq_len), held_out_texts)
         # An even spread over the training files, not the first files' pieces only.
         count = min(spec.calibration_texts, len(calibration))
         calibration = [calibration[i * len(calibration) // count] for i in range(count)]
