@@ -19,6 +19,7 @@ import shutil
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 from prefect import task
@@ -36,7 +37,8 @@ from compressflow.data.user_code import import_callable
 from compressflow.data.vision import collate_one
 from compressflow.errors import CalibrationError, ModelFetchError
 from compressflow.logs import run_logger
-from compressflow.model.memory import stage_offload_folder
+from compressflow.model.memory import load_from_disk, stage_offload_folder
+from compressflow.model.streaming import streamed_model
 from compressflow.params import CalibrationArgs, RecipeArgs, VerifyArgs
 from compressflow.registries.architectures import ARCHITECTURES
 from compressflow.reporting import tracking
@@ -46,7 +48,7 @@ from compressflow.reporting.progress import (
     sequential_passes,
     subgraphs_per_pass,
 )
-from compressflow.reporting.quality import logits_of, save_reference
+from compressflow.reporting.quality import logits_of, logits_streamed, save_reference
 from compressflow.results import (
     BuiltDataset,
     Calibration,
@@ -143,9 +145,10 @@ def non_finite_source(model: FetchedModel, tensor: str | None) -> ModelFetchErro
 
 
 def capture_reference(
-    model, processor, verify: VerifyArgs, staging: Path, source: FetchedModel
+    logits_for, processor, verify: VerifyArgs, staging: Path, source: FetchedModel
 ) -> Path:
-    """Save the base model's logits on the verification texts, with the token ids.
+    """Save the base model's logits on the verification texts (`logits_for(token ids)`), with
+    the token ids.
 
     The first forward pass over the source: non-finite logits are refused here, naming the
     tensor (found in the checkpoint), rather than blamed on the compression by verify.
@@ -157,7 +160,7 @@ def capture_reference(
         ids[: verify.max_seq_len]
         for ids in tokenizer(verification_texts(verify.samples))["input_ids"]
     ]
-    logits = logits_of(model, samples)
+    logits = logits_for(samples)
     if not all(torch.isfinite(rows).all() for rows in logits):
         raise non_finite_source(source, first_non_finite(source_tensors(Path(source.path))))
     path = reference_path(staging)
@@ -207,23 +210,24 @@ def load_for_calibration(model: FetchedModel, plan: MemoryPlan):
         if name := first_non_finite(loaded.named_parameters()):
             raise non_finite_source(model, name)
         return loaded
-    from compressed_tensors.offload import load_offloaded_model
-
-    Path(plan.offload_folder).mkdir(parents=True, exist_ok=True)
-    budget = plan.weights_in_memory_bytes
     run_logger(__name__).info(
         "Loading %s with %s of its weights in memory, the rest read from disk when used",
         model.model_id,
-        gib(budget),
+        gib(plan.weights_in_memory_bytes),
     )
-    with load_offloaded_model(model_cls):
-        return model_cls.from_pretrained(
-            model.path,
-            device_map="auto_offload",
-            max_memory={"cpu": budget},
-            offload_folder=plan.offload_folder,
-            **options,
-        )
+    return load_from_disk(model, Path(model.path), plan)
+
+
+def source_logits(model: FetchedModel, plan: MemoryPlan, samples: list[list[int]]) -> list:
+    """The source's logits with each weight read once: streamed from its checkpoint, or loaded
+    with its weights on disk when it cannot stream (loading reads every weight once more)."""
+    logits = logits_streamed(streamed_model(model, Path(model.path)), samples)
+    if logits is None:
+        base = load_for_calibration(model, plan)
+        logits = logits_of(base, samples)
+        del base
+        gc.collect()
+    return logits
 
 
 def calibrate_model_free(
@@ -239,10 +243,13 @@ def calibrate_model_free(
     log = run_logger(__name__)
     staging = Path(staging_path)
     started = time.perf_counter()
-    base = load_for_calibration(model, plan)
-    reference = capture_reference(base, load_processor(model), verify, staging, model)
-    del base
-    gc.collect()
+    reference = capture_reference(
+        lambda samples: source_logits(model, plan, samples),
+        load_processor(model),
+        verify,
+        staging,
+        model,
+    )
     reference_seconds = time.perf_counter() - started
     started = time.perf_counter()
     log.info(
@@ -439,7 +446,9 @@ def calibrate_here(
     loaded = load_for_calibration(model, plan)
     processor = load_processor(model)
     started = time.perf_counter()
-    reference = capture_reference(loaded, processor, verify, Path(staging_path), model)
+    reference = capture_reference(
+        partial(logits_of, loaded), processor, verify, Path(staging_path), model
+    )
     reference_seconds = time.perf_counter() - started
     rule = ARCHITECTURES.get(recipe.architecture)
     if rule and rule.linear_classes:

@@ -17,8 +17,11 @@ It reloads the checkpoint from disk the way a server does and checks, cheapest f
    minute. A host whose vLLM build lacks the scheme's kernel records "not checked here".
 
 A model-free run is also checked weight by weight (6. weights: every quantized weight, dequantized,
-is close to the source's), one shard at a time. A run whose weights were read from disk (and every
-model-free run) reloads the same way, so verifying needs no more memory than calibrating.
+is close to the source's). Its weights and logits checks share one forward of the source read
+from disk, each FP8 Linear computing with the output's weight: the source and the output are read
+once each, and its reload checks the keys without a forward (which would decompress the whole
+model to disk and read it back). A run whose weights were read from disk (and every model-free
+run) reloads the same way, so verifying needs no more memory than calibrating.
 
 A failure raises VerificationError naming the check, the numbers and the fix; the flow then
 publishes nothing. Either way the results go to the log, ClearML and a Prefect artifact.
@@ -26,6 +29,7 @@ publishes nothing. Either way the results go to the log, ClearML and a Prefect a
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import resource
@@ -41,14 +45,20 @@ from compressflow.compat import patch_reloads
 from compressflow.errors import VerificationError
 from compressflow.logs import run_logger
 from compressflow.model.checkpoint import tensor_index
-from compressflow.model.memory import stage_offload_folder
+from compressflow.model.memory import load_from_disk, stage_offload_folder
 from compressflow.model.serving import serve_and_score
+from compressflow.model.streaming import streamed_model
 from compressflow.model.tracing import unloaded_tensors
 from compressflow.params import DEFAULT_MODEL_CLASS, VerifyArgs
 from compressflow.registries.thresholds import scheme_family
 from compressflow.reporting import tracking
 from compressflow.reporting.artifacts import artifact_key, display_name, logit_figures
-from compressflow.reporting.quality import compare_logits, logits_of, read_reference
+from compressflow.reporting.quality import (
+    compare_logits,
+    logits_of,
+    logits_streamed,
+    read_reference,
+)
 from compressflow.results import (
     Calibration,
     FetchedModel,
@@ -73,6 +83,7 @@ FIELDS = {
 # FP8 (e4m3) keeps 3 mantissa bits: rounding moves a weight by at most ~6%, and a tensor's
 # relative error stays far below that; a wrong scale or layout lands near or above 100%.
 MAX_WEIGHT_ERROR = 0.1
+FP8_DTYPES = ("F8_E4M3", "F8_E5M2")  # as safetensors headers name them
 FIXES = {
     "quantization config": "the quantized modules were saved unpacked (often a Linear subclass "
     "compressed-tensors does not recognise); report the architecture, and meanwhile use a recipe "
@@ -214,16 +225,17 @@ def reload(staging: Path, model: FetchedModel, plan: MemoryPlan):
     return loaded.eval(), check
 
 
-def dequantized(handle, module: str, keys: set[str]):
-    """`module`'s weight as float32 from a compressed-tensors FP8 shard; None for other formats."""
+def dequantized(read, module: str, keys: set[str]):
+    """`module`'s weight as float32 from a compressed-tensors FP8 checkpoint (`read` returns a
+    tensor by name); None for other formats."""
     import torch
 
     if f"{module}.weight_scale" not in keys:
         return None
-    weight = handle.get_tensor(f"{module}.weight")
+    weight = read(f"{module}.weight")
     if weight.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
         return None
-    scale = handle.get_tensor(f"{module}.weight_scale").float()
+    scale = read(f"{module}.weight_scale").float()
     return weight.float() * expanded(scale, weight.shape)
 
 
@@ -238,39 +250,116 @@ def expanded(scale, shape):
     return scale.repeat_interleave(cols, 1)[:, : shape[1]]
 
 
-def check_weights(staging: Path, source: Path) -> VerificationCheck:
-    """Every FP8 weight, dequantized, against the source's, one shard at a time."""
+def relative_error(weight, expected) -> float:
+    return ((weight - expected).norm() / expected.norm().clamp_min(1e-12)).item()
+
+
+def check_weights(staging: Path, source: Path, found: dict[str, float] | None = None):
+    """Every FP8 weight, dequantized, against the source's, one shard at a time; `found` holds
+    the errors the one-pass check already measured (those weights are not read again)."""
     from safetensors import safe_open
 
+    errors = dict(found or {})
     where = {name: info.file for name, info in tensor_index(source).items()}
-    worst, worst_name, checked, unchecked = 0.0, "", 0, 0
+    unchecked = 0
     for file in sorted(staging.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as handle:
             keys = set(handle.keys())
             for scale in sorted(k for k in keys if k.endswith(".weight_scale")):
                 module = scale.rsplit(".", 1)[0]
-                weight = dequantized(handle, module, keys)
+                if module in errors:
+                    continue
+                weight = dequantized(handle.get_tensor, module, keys)
                 if weight is None or f"{module}.weight" not in where:
                     unchecked += 1
                     continue
                 with safe_open(str(where[f"{module}.weight"]), framework="pt") as original:
-                    expected = original.get_tensor(f"{module}.weight").float()
-                error = ((weight - expected).norm() / expected.norm().clamp_min(1e-12)).item()
-                checked += 1
-                if not error <= worst:  # NaN counts as worst
-                    worst, worst_name = error, module
-    passed = checked > 0 and worst <= MAX_WEIGHT_ERROR
+                    errors[module] = relative_error(
+                        weight, original.get_tensor(f"{module}.weight").float()
+                    )
+    # NaN counts as the worst
+    worst_name = max(
+        errors, key=lambda m: math.inf if math.isnan(errors[m]) else errors[m], default=""
+    )
+    worst = errors.get(worst_name, 0.0)
+    passed = bool(errors) and worst <= MAX_WEIGHT_ERROR
     detail = (
-        f"{checked} weights dequantized, largest relative error {worst:.2%} "
+        f"{len(errors)} weights dequantized, largest relative error {worst:.2%} "
         f"({worst_name or 'none'}; max {MAX_WEIGHT_ERROR:.0%})"
     )
     if unchecked:
         detail += f"; {unchecked} not in an FP8 format this check reads"
-    if not checked:
+    if not errors:
         detail = "no FP8 weight to check" + (
             f" ({unchecked} in other formats)" if unchecked else ""
         )
     return VerificationCheck(name="weights", passed=passed, detail=detail)
+
+
+def one_pass_logits(staging: Path, model: FetchedModel, plan: MemoryPlan, reference: dict):
+    """A model-free output's logits and weight errors from one forward of the base model,
+    each FP8 Linear computing with the output's weight (dequantized, inputs quantized as the
+    scheme says) instead of its own; None when a quantized module has no Linear counterpart in
+    the model transformers builds (renamed checkpoints, fused experts): the reload path checks
+    those.
+
+    The base streams from its checkpoint (compressflow/model/streaming.py), or is loaded with
+    its weights on disk when it cannot: the source is read once and the output once. Reloading
+    the output instead read it twice and wrote a float copy of the whole model that each forward
+    read again (benchmarks/README.md, "Verification reads on the model-free path").
+    """
+    import torch
+    from compressed_tensors.quantization import fake_quantize, preset_name_to_scheme
+    from compressed_tensors.quantization.utils import compute_dynamic_scales_and_zp
+    from safetensors import safe_open
+
+    index = tensor_index(staging)
+    keys = set(index)
+    quantized = sorted(
+        name.rsplit(".", 1)[0]
+        for name, info in index.items()
+        if info.dtype in FP8_DTYPES and name.endswith(".weight") and f"{name}_scale" in keys
+    )
+    if not quantized:
+        return None
+
+    def read(name: str):  # opened per read: an open file keeps what it read resident
+        with safe_open(str(index[name].file), framework="pt") as handle:
+            return handle.get_tensor(name)
+
+    activations = preset_name_to_scheme(plan.model_free_scheme, ["Linear"]).input_activations
+    errors: dict[str, float] = {}
+
+    def compressed_forward(x, module, name):
+        source = module.weight  # read from the source checkpoint
+        weight = dequantized(read, name, keys)
+        errors.setdefault(name, relative_error(weight, source.float()))
+        if activations is not None:
+            scale, zero_point = compute_dynamic_scales_and_zp(
+                value=x, args=activations, module=module
+            )
+            x = fake_quantize(x, scale, zero_point, activations)
+        return torch.nn.functional.linear(x, weight.to(x.dtype), module.bias)
+
+    def wired(base):
+        modules = dict(base.named_modules()) if base is not None else {}
+        if any(not isinstance(modules.get(name), torch.nn.Linear) for name in quantized):
+            return None
+        for name in quantized:
+            module = modules[name]
+            module.forward = lambda x, m=module, name=name: compressed_forward(x, m, name)
+        return base
+
+    logits = logits_streamed(wired(streamed_model(model, Path(model.path))), reference["input_ids"])
+    if logits is None:
+        errors.clear()
+        base = wired(load_from_disk(model, Path(model.path), plan))
+        if base is None:
+            return None
+        logits = logits_of(base, reference["input_ids"])
+        del base
+    gc.collect()  # each wired module's forward refers to the module: a cycle
+    return logits, errors
 
 
 def load_reference(calibration: Calibration) -> dict | None:
@@ -279,11 +368,11 @@ def load_reference(calibration: Calibration) -> dict | None:
 
 
 def check_logits(
-    loaded, reference: dict, args: VerifyArgs, scheme: str | None
+    logits: list, reference: dict, args: VerifyArgs, scheme: str | None
 ) -> tuple[VerificationCheck, dict]:
     """The compressed model's logits against the base's, within the scheme family's limits
     (compressflow/registries/thresholds.py) or those set in `verify`."""
-    figures = compare_logits(reference["logits"], logits_of(loaded, reference["input_ids"]))
+    figures = compare_logits(reference["logits"], logits)
     cosine, kl, top1 = (figures[k] for k in ("cosine", "kl_divergence", "top1_agreement"))
     limits = args.logit_limits(scheme)
     passed = cosine >= limits.cosine and kl <= limits.kl and top1 >= limits.top1
@@ -326,7 +415,7 @@ def check_vllm(
             passed=False,
             # required: this host was meant to prove it, and could not
             checked=args.vllm == "required",
-            detail=f"not checked here: {served.reason}",
+            detail=served.reason,  # the verdict says "not checked here"
         ), served
     m = served.metrics
     passed = (
@@ -373,16 +462,21 @@ def run_checks(
         check_quantization_config(staging, recipe),
         check_names(staging, Path(model.path), model.model_class, model.trust_remote_code),
     ]
+    reference = load_reference(calibration)
+    one_pass = None
     if plan.path == "model_free":
-        checks.append(check_weights(staging, Path(model.path)))
-    figures: dict = {}
+        one_pass = reference and one_pass_logits(staging, model, plan, reference)
+        checks.append(check_weights(staging, Path(model.path), one_pass and one_pass[1]))
     loaded, reload_check = reload(staging, model, plan)
     checks.append(reload_check)
-    reference = load_reference(calibration)
-    if reference and loaded is not None:
-        logits_check, figures = check_logits(loaded, reference, args, recipe.scheme)
-        checks.append(logits_check)
+    logits = one_pass[0] if one_pass else None
+    if reference and loaded is not None and logits is None:
+        logits = logits_of(loaded, reference["input_ids"])
     del loaded
+    figures: dict = {}
+    if logits is not None:
+        logits_check, figures = check_logits(logits, reference, args, recipe.scheme)
+        checks.append(logits_check)
     served = None
     if reference and all(check.passed for check in checks):  # vLLM last: the slowest check
         vllm_check, served = check_vllm(staging, model, reference["input_ids"], args)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import safetensors
 
 from compressflow.registries.thresholds import FLOOR
 
@@ -234,3 +236,34 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if E2E_FIXTURES & set(item.fixturenames):
             item.add_marker(pytest.mark.e2e)
+
+
+class CountedOpen:
+    """safetensors.safe_open that counts each tensor read, by file and name."""
+
+    reads: Counter = Counter()
+    real = safetensors.safe_open
+
+    def __init__(self, path, *args, **kwargs):
+        self.path, self.handle = Path(path).resolve(), CountedOpen.real(path, *args, **kwargs)
+
+    def __enter__(self):
+        self.handle.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.handle.__exit__(*exc)
+
+    def __getattr__(self, name):  # transformers' loader reads slices: not counted
+        return getattr(self.handle, name)
+
+    def get_tensor(self, name):
+        CountedOpen.reads[self.path, name] += 1
+        return self.handle.get_tensor(name)
+
+
+@pytest.fixture()
+def counted_reads(monkeypatch) -> Counter:
+    CountedOpen.reads = Counter()
+    monkeypatch.setattr(safetensors, "safe_open", CountedOpen)
+    return CountedOpen.reads

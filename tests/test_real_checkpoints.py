@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from safetensors.torch import load_file, save_file
 from compressflow.errors import ModelFetchError
 from compressflow.flows.compress import compress
 from compressflow.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs, VerifyArgs
+from compressflow.reporting.quality import logits_of
 from compressflow.results import MemoryPlan
 from compressflow.tasks.calibrate import capture_reference, load_for_calibration
 from compressflow.tasks.fetch_model import fetch
@@ -129,7 +131,9 @@ def test_nan_in_weights_read_from_disk_is_refused_at_the_reference_logits(nan_mo
     model = AutoModelForCausalLM.from_pretrained(nan_model.path)
     tokenizer = AutoTokenizer.from_pretrained(nan_model.path)
     with pytest.raises(ModelFetchError, match=f"SOURCE model .* in tensor {NAN_TENSOR}"):
-        capture_reference(model, tokenizer, VerifyArgs(), tmp_path / "staging", nan_model)
+        capture_reference(
+            partial(logits_of, model), tokenizer, VerifyArgs(), tmp_path / "staging", nan_model
+        )
 
 
 # ---------------------------------------------------------------- tensors transformers drops

@@ -101,7 +101,7 @@ def test_an_fp8_weight_dequantizes_with_its_scale_per_tensor_row_or_block(
     weight = torch.randn(shape).to(torch.float8_e4m3fn)
     save_file({"m.weight": weight, "m.weight_scale": scale}, tmp_path / "w.safetensors")
     with safe_open(str(tmp_path / "w.safetensors"), framework="pt") as handle:
-        got = dequantized(handle, "m", set(handle.keys()))
+        got = dequantized(handle.get_tensor, "m", set(handle.keys()))
     assert torch.equal(got, weight.float() * full)
 
 
@@ -179,3 +179,82 @@ def test_a_reloaded_model_on_disk_reads_each_tensor_once_per_forward(tiny_model,
     finally:
         DiskCache.onload = onload
     assert len(reads) > 14 and max(reads.values()) == 1  # 14 quantized Linears, and the rest
+
+
+@pytest.mark.parametrize("scheme", ["FP8_DYNAMIC", "FP8_BLOCK"])
+def test_a_model_free_output_is_checked_in_one_pass_as_the_reloaded_model_computes(
+    tiny_model, tmp_path, scheme, counted_reads
+):
+    """The weights and logits checks of a model-free run share one forward of the source
+    streamed from its checkpoint: each source tensor and each output tensor is read once, nothing
+    is loaded before it, and the logits and weight errors are those the reloaded checkpoint
+    gives."""
+    from llmcompressor import model_free_ptq
+
+    from compressflow.reporting.quality import compare_logits, logits_of
+    from compressflow.results import FetchedModel, MemoryPlan
+    from compressflow.tasks.verify import check_weights, one_pass_logits, reload
+
+    out = tmp_path / "fp8"
+    model_free_ptq(
+        str(tiny_model), str(out), scheme=scheme, ignore=["lm_head", "re:.*embed_tokens"]
+    )
+    model = FetchedModel.model_construct(
+        path=str(tiny_model), model_class="LlamaForCausalLM", trust_remote_code=False
+    )
+    plan = MemoryPlan.model_construct(
+        placement="shards",
+        weights_in_memory_bytes=0,
+        offload_folder=str(tmp_path / "offload"),
+        model_free_scheme=scheme,
+    )
+    samples = [[5, 6, 7, 8, 9], [10, 11, 12]]
+    loaded, _ = reload(out, model, plan)
+    reloaded = logits_of(loaded, samples)
+    del loaded
+
+    counted_reads.clear()
+    logits, errors = one_pass_logits(out, model, plan, {"input_ids": samples})
+    assert len(errors) == 14  # 7 Linears in each of the 2 layers
+    source = {name for file, name in counted_reads if file.parent == tiny_model.resolve()}
+    output = {name for file, name in counted_reads if file.parent == out.resolve()}
+    assert max(counted_reads.values()) == 1
+    assert source == set(load_file(next(tiny_model.glob("*.safetensors"))))
+    assert len(output) == 28 and all(n.endswith((".weight", ".weight_scale")) for n in output)
+    figures = compare_logits(reloaded, logits)
+    assert figures["cosine"] > 0.9999 and figures["top1_agreement"] == 1.0
+    # The same errors check_weights finds reading both checkpoints itself.
+    assert check_weights(out, tiny_model).detail == check_weights(out, tiny_model, errors).detail
+
+
+def test_a_model_free_output_whose_source_cannot_stream_is_checked_on_it_loaded_from_disk(
+    tiny_model, tmp_path, monkeypatch
+):
+    """A source that cannot stream (a checkpoint transformers renames on load, fused experts):
+    the one pass runs on the source loaded with its weights on disk, with the same result."""
+    from llmcompressor import model_free_ptq
+
+    from compressflow.reporting.quality import compare_logits
+    from compressflow.results import FetchedModel, MemoryPlan
+    from compressflow.tasks import verify
+
+    out = tmp_path / "fp8"
+    model_free_ptq(
+        str(tiny_model), str(out), scheme="FP8_DYNAMIC", ignore=["lm_head", "re:.*embed_tokens"]
+    )
+    model = FetchedModel.model_construct(
+        path=str(tiny_model), model_class="LlamaForCausalLM", trust_remote_code=False
+    )
+    plan = MemoryPlan.model_construct(
+        placement="shards",
+        weights_in_memory_bytes=0,
+        offload_folder=str(tmp_path / "offload"),
+        model_free_scheme="FP8_DYNAMIC",
+    )
+    reference = {"input_ids": [[5, 6, 7, 8, 9], [10, 11, 12]]}
+    streamed, streamed_errors = verify.one_pass_logits(out, model, plan, reference)
+    monkeypatch.setattr(verify, "streamed_model", lambda *_: None)
+    loaded, loaded_errors = verify.one_pass_logits(out, model, plan, reference)
+    assert loaded_errors == pytest.approx(streamed_errors) and len(loaded_errors) == 14
+    figures = compare_logits(streamed, loaded)
+    assert figures["cosine"] > 0.9999 and figures["top1_agreement"] == 1.0

@@ -16,6 +16,7 @@ from pathlib import Path
 class TensorInfo:
     shape: tuple[int, ...]
     file: Path
+    dtype: str = ""  # safetensors' name for it: BF16, F8_E4M3, ...
 
 
 def read_header(file: Path) -> tuple[int, dict] | None:
@@ -40,5 +41,5 @@ def tensor_index(folder: Path) -> dict[str, TensorInfo]:
         _, tensors = read_header(file) or (0, {})
         for name, spec in tensors.items():
             if name != "__metadata__":
-                index[name] = TensorInfo(tuple(spec["shape"]), file)
+                index[name] = TensorInfo(tuple(spec["shape"]), file, spec.get("dtype", ""))
     return index

@@ -451,6 +451,30 @@ def offload_folder(args: CalibrationArgs, target: Path) -> str:
     return str(target.parent / f".{target.name}.offload-{os.getpid()}")
 
 
+def load_from_disk(model: FetchedModel, folder: Path, plan: MemoryPlan):
+    """`folder`'s checkpoint (the source) as `model.model_class`, with what fits under the plan's
+    weight budget in CPU memory and the rest read from its safetensors files when a module runs.
+
+    compressed-tensors' offloading reads the checkpoint's own files: nothing is copied to the
+    offload folder for weights that stay on disk, and each module's weights are read once per
+    forward.
+    """
+    import transformers
+    from compressed_tensors.offload import load_offloaded_model
+
+    model_cls = getattr(transformers, model.model_class)
+    Path(plan.offload_folder).mkdir(parents=True, exist_ok=True)
+    with load_offloaded_model(model_cls):
+        return model_cls.from_pretrained(
+            folder,
+            dtype="auto",
+            trust_remote_code=model.trust_remote_code,
+            device_map="auto_offload",
+            max_memory={"cpu": plan.weights_in_memory_bytes},
+            offload_folder=plan.offload_folder,
+        )
+
+
 @contextmanager
 def stage_offload_folder(plan: MemoryPlan, stage: str) -> Iterator[MemoryPlan]:
     """`plan` with a fresh folder of `stage`'s own inside its offload folder, removed after.

@@ -150,6 +150,19 @@ def logits_of(model, samples: list[list[int]], tokens_per_forward: int = TOKENS_
     return logits
 
 
+def logits_streamed(model, samples: list[list[int]]) -> list | None:
+    """`logits_of` a streamed model (compressflow/model/streaming.py); None when there is none or
+    its code read a module's weights outside that module's call (still on the meta device)."""
+    if model is None:
+        return None
+    try:
+        return logits_of(model, samples)
+    except (NotImplementedError, RuntimeError) as exc:
+        if "meta" not in str(exc):
+            raise
+        return None
+
+
 def save_reference(path: Path, input_ids: list[list[int]], logits: list) -> None:
     """The base model's logits on the verification texts, with their token ids, as safetensors:
     a full disk raises with its OS error there (torch.save's zip writer loses it), so the caller
