@@ -5,21 +5,22 @@ four runs, each a whole separate process (peak RSS is the process's own, from `o
 
 - bare FP8:    a user's script: from_pretrained, `oneshot` with FP8_DYNAMIC, save_pretrained;
 - flow FP8:    the compress-model flow with the FP8_DYNAMIC preset: the memory plan sends it down
-               the model-free path (shard by shard), and verify's logits check reads every weight
-               from disk, so the run never holds the model;
+               the model-free path (shard by shard), and the reference and verify stream every
+               weight from disk, so the run never holds the model;
 - bare GPTQ:   a user's script with the W4A16 preset's GPTQ recipe, llm-compressor's defaults;
 - flow GPTQ:   the flow with W4A16 and `calibration.max_cpu_memory_gb` below the model's size:
                the plan reads the weights from disk layer by layer.
 
-The flow's runs also count the bytes every `safetensors` read returns in the flow's process
-(compressed-tensors' disk cache reads through it) for each of verify's steps: the model-free
-weight check, the reload and the logits check. `--verify-before` adds a flow FP8 run whose
-verify computes the logits one forward per held-out text, as before issue #23, for the ratio
-from one run (the reference capture runs in the calibration process, which keeps the current
-code either way).
+After the flow's model-free run, a process of its own (so the flow's peak and wall do not hold
+it) repeats each step that reads weights on the published output and counts the bytes every
+`safetensors` read returns (compressed-tensors' disk cache reads through it too): the reference
+pass as the flow runs it (streamed) and as it ran before (loaded with its weights on disk, then
+a forward), verify's one pass (weights and logits together), the rest of its weights check and
+its reload; and verify as it was before the one pass: the weights check reading both
+checkpoints, then the reloaded output's logits. Both designs are measured in the same run.
 
     python -m benchmarks.large_model [--layers 20] [--cap-gb 2.8] [--skip-bare-gptq]
-                                     [--only fp8|gptq] [--verify-before]
+                                     [--only fp8|gptq]
 
 Targets: flow FP8 / bare FP8 peak RSS <= 0.5; flow GPTQ peak RSS <= 0.6 x the model's bytes.
 Exits 1 when one is missed. The model and data are built once under --work (default
@@ -170,39 +171,20 @@ class CountedSlice:
 REAL_SAFE_OPEN = None
 
 
-def count_reads(parts: dict) -> None:
-    """Count safetensors reads in this process, and time and count each of verify's steps
-    (`parts`: name -> {"bytes", "seconds"}), by wrapping them where the verify task calls them."""
+def count_reads() -> None:
+    """Count the bytes of every safetensors read in this process from here on."""
     global REAL_SAFE_OPEN
     import safetensors
     import safetensors.torch
 
     REAL_SAFE_OPEN = safetensors.safe_open
     safetensors.safe_open = safetensors.torch.safe_open = CountedReads
-    import time
-
-    from compressflow.tasks import verify
-
-    def timed(name, function):
-        def wrapper(*args, **kwargs):
-            before, started = CountedReads.read_bytes, time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                part = parts.setdefault(name, {"bytes": 0, "seconds": 0.0})
-                part["bytes"] += CountedReads.read_bytes - before
-                part["seconds"] += time.perf_counter() - started
-
-        return wrapper
-
-    for name in ("check_weights", "reload", "check_logits"):
-        setattr(verify, name, timed(name, getattr(verify, name)))
 
 
-def reference_reads(model: str, plan: dict) -> dict:
-    """The reference capture's logits pass, repeated here in the flow's process where its reads
-    are counted (calibration captured it in a process of its own): the base model loaded as
-    `calibrate_model_free` loads it, its held-out texts together and one forward per text."""
+def reading_steps(model: str, out: str, plan: dict) -> dict:
+    """Each step that reads the weights on the model-free path, repeated in this process where
+    its reads are counted (the flow ran them in children of its own): name -> bytes, seconds."""
+    import tempfile
     import time
 
     from transformers import AutoTokenizer
@@ -210,37 +192,51 @@ def reference_reads(model: str, plan: dict) -> dict:
     from compressflow.data.local_text import verification_texts
     from compressflow.reporting.quality import logits_of
     from compressflow.results import FetchedModel, MemoryPlan
-    from compressflow.tasks.calibrate import load_for_calibration
+    from compressflow.tasks.calibrate import load_for_calibration, source_logits
+    from compressflow.tasks.verify import check_weights, one_pass_logits, reload
 
     fetched = FetchedModel.model_construct(
         path=model, model_id=model, model_class="LlamaForCausalLM", trust_remote_code=False
     )
-    base = load_for_calibration(fetched, MemoryPlan.model_validate(plan))
+    root = Path(tempfile.mkdtemp(prefix="reads-"))
+
+    def fresh():  # compressed-tensors names offloaded files by id(): one folder per load
+        return MemoryPlan.model_validate({**plan, "offload_folder": tempfile.mkdtemp(dir=root)})
+
     verify = VerifyArgs()
+    texts = verification_texts(verify.samples)
     samples = [
         ids[: verify.max_seq_len]
-        for ids in AutoTokenizer.from_pretrained(model)(verification_texts(verify.samples))[
-            "input_ids"
-        ]
+        for ids in AutoTokenizer.from_pretrained(model)(texts)["input_ids"]
     ]
     figures = {}
-    for name, per_forward in (("reference", None), ("reference, one forward per text", 1)):
+
+    def step(name, function, *args):
         before, started = CountedReads.read_bytes, time.perf_counter()
-        logits_of(base, samples, *([per_forward] if per_forward else []))
+        result = function(*args)
         figures[name] = {
             "bytes": CountedReads.read_bytes - before,
             "seconds": time.perf_counter() - started,
         }
+        return result
+
+    def reloaded_logits():
+        loaded, _ = reload(Path(out), fetched, fresh())
+        return logits_of(loaded, samples)
+
+    step("reference", source_logits, fetched, fresh(), samples)
+    step("before: reference", lambda: logits_of(load_for_calibration(fetched, fresh()), samples))
+    reference = {"input_ids": samples}
+    _, found = step("one pass", one_pass_logits, Path(out), fetched, fresh(), reference)
+    step("weights check, the rest", check_weights, Path(out), Path(model), found)
+    step("reload", reload, Path(out), fetched, fresh())
+    step("before: weights check", check_weights, Path(out), Path(model))
+    step("before: reload and logits", reloaded_logits)
+    shutil.rmtree(root)
     return figures
 
 
 def flow_child(args) -> None:
-    parts: dict = {}
-    count_reads(parts)
-    if args.one_text_per_forward:  # the path before issue #23: one forward per held-out text
-        from compressflow.reporting import quality
-
-        quality.logits_of.__defaults__ = (1,)
     from compressflow.flows.compress import compress
     from compressflow.params import CalibrationArgs, DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
 
@@ -257,22 +253,24 @@ def flow_child(args) -> None:
         verify=VerifyArgs(min_cosine=0.5, max_kl=2.0, min_top1=0.05),
     )
     manifest = json.loads((Path(published.path) / "manifest.json").read_text())
-    if manifest["memory_plan"]["path"] == "model_free":
-        parts.update(reference_reads(args.model, manifest["memory_plan"]))
     print_result(
         {
-            "plan": manifest["memory_plan"]["placement"],
+            "plan": manifest["memory_plan"],
             "verified": manifest["verification"]["passed"],
             "checks": {c["name"]: c["detail"] for c in manifest["verification"]["checks"]},
             "calibrate_s": manifest["calibration_seconds"],
             "reference_s": manifest["reference_seconds"],
             "verify_s": manifest["verification"]["seconds"],
-            "verify_parts": parts,
             "output_bytes": sum(
                 f.stat().st_size for f in Path(published.path).glob("*.safetensors")
             ),
         }
     )
+
+
+def reads_child(args) -> None:
+    count_reads()
+    print_result(reading_steps(args.model, args.out, json.loads(args.plan)))
 
 
 def main() -> int:
@@ -282,14 +280,8 @@ def main() -> int:
     parser.add_argument("--cap-gb", type=float, default=2.8)
     parser.add_argument("--skip-bare-gptq", action="store_true")
     parser.add_argument("--only", choices=["fp8", "gptq"], help="run one scheme's variants")
-    parser.add_argument(
-        "--verify-before",
-        action="store_true",
-        help="also run the flow FP8 with verify's logits one forward per held-out text (the path "
-        "before issue #23), to compare the verify stage's reads and time in one run",
-    )
-    parser.add_argument("--one-text-per-forward", action="store_true")
-    parser.add_argument("--child", choices=["bare", "flow", "build"])
+    parser.add_argument("--child", choices=["bare", "flow", "build", "reads"])
+    parser.add_argument("--plan", help="the flow's memory plan, as JSON (--child=reads)")
     parser.add_argument("--scheme", choices=["fp8", "gptq"])
     parser.add_argument("--model")
     parser.add_argument("--data")
@@ -299,7 +291,7 @@ def main() -> int:
         build_model(args.work / "model", args.layers)
         return 0
     if args.child:
-        (bare_child if args.child == "bare" else flow_child)(args)
+        {"bare": bare_child, "flow": flow_child, "reads": reads_child}[args.child](args)
         return 0
 
     # Built in a child: a parent that once held the model would lend its peak RSS to every
@@ -329,8 +321,6 @@ def main() -> int:
     runs = [("bare", "fp8"), ("flow", "fp8"), ("flow", "gptq")]
     if not args.skip_bare_gptq:
         runs.insert(2, ("bare", "gptq"))
-    if args.verify_before:
-        runs.insert(1, ("flow-per-text", "fp8"))
     if args.only:
         runs = [run for run in runs if run[1] == args.only]
     results = {}
@@ -364,8 +354,7 @@ def measure(args, child: str, scheme: str, model: Path, data: Path, api_url: str
     )
     command = [
         MODULE,
-        "--child=flow" if child == "flow-per-text" else f"--child={child}",
-        *(["--one-text-per-forward"] if child == "flow-per-text" else []),
+        f"--child={child}",
         f"--scheme={scheme}",
         f"--model={model}",
         f"--data={data}",
@@ -373,6 +362,13 @@ def measure(args, child: str, scheme: str, model: Path, data: Path, api_url: str
         f"--cap-gb={args.cap_gb if scheme == 'gptq' else 0}",
     ]
     run = run_child(command, env, home / "log.txt")
+    if child == "flow" and run.result["plan"]["path"] == "model_free":
+        # In a process of its own after the run, so neither the flow's peak nor its wall has it.
+        reads = [MODULE, "--child=reads", f"--model={model}", f"--out={home / 'out'}"]
+        plan = f"--plan={json.dumps(run.result['plan'])}"
+        run.result["verify_parts"] = run_child([*reads, plan], env, home / "reads.txt").result
+    if child == "flow":
+        run.result["plan"] = run.result["plan"]["placement"]
     extra = f" {json.dumps(run.result)}" if run.result else ""
     print(
         f"{child} {scheme}: wall {run.wall_s:.0f} s, cpu {run.cpu_s:.0f} s, peak RSS "
@@ -402,16 +398,18 @@ def report(args, results: dict, model_bytes: int) -> int:
         after = results["flow", "fp8"]
         print(f"flow FP8: {verify_figures(after.result, model_bytes)}")
         print(f"flow FP8 / bare FP8 wall: {after.wall_s / results['bare', 'fp8'].wall_s:.2f}")
-    if ("flow-per-text", "fp8") in results and ("flow", "fp8") in results:
-        before = results["flow-per-text", "fp8"].result
-        print(f"flow FP8, one forward per text: {verify_figures(before, model_bytes)}")
-        reads = (
-            (after.result["verify_parts"]["check_logits"]["bytes"])
-            / (before["verify_parts"]["check_logits"]["bytes"])
-        )
+    if ("flow", "fp8") in results:
+        parts = after.result["verify_parts"]
+
+        def reads(*steps: str) -> float:
+            return sum(parts[step]["bytes"] for step in steps) / model_bytes
+
+        now = reads("one pass", "weights check, the rest", "reload")
+        before = reads("before: weights check", "before: reload and logits")
         print(
-            f"verify stage, texts together / one forward per text: time "
-            f"{after.result['verify_s'] / before['verify_s']:.2f}, logits check's reads {reads:.2f}"
+            f"reads, x the source: reference {reads('reference'):.2f} (before "
+            f"{reads('before: reference'):.2f}); verify {now:.2f} (before {before:.2f}, ratio "
+            f"{now / before:.2f})"
         )
     if ("bare", "gptq") in results:
         wall = results["flow", "gptq"].wall_s / results["bare", "gptq"].wall_s
