@@ -60,19 +60,48 @@ CANNOT_STREAM = {
 }
 
 
-def test_a_checkpoint_missing_a_parameter_does_not_stream(tiny_model, tmp_path):
-    """A parameter with no tensor under its name (transformers renames some checkpoints on
-    load) cannot be read when its module runs: None, and the caller loads the model."""
+def edited_copy(tiny_model: Path, folder: Path, edit) -> Path:
     import shutil
 
     from safetensors.torch import load_file, save_file
 
-    folder = tmp_path / "renamed"
     shutil.copytree(tiny_model, folder)
     (shard,) = folder.glob("*.safetensors")
     tensors = load_file(shard)
-    tensors["renamed.norm.weight"] = tensors.pop("model.norm.weight")
+    edit(tensors)
     save_file(tensors, shard, metadata={"format": "pt"})
+    return folder
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        # transformers renames some checkpoints' tensors on load
+        lambda t: t.update({"renamed.norm.weight": t.pop("model.norm.weight")}),
+        # a tensor transformers reshapes or fuses on load
+        lambda t: t.update({"model.norm.weight": t["model.norm.weight"][:-1]}),
+        # several float dtypes: transformers casts them to one while loading
+        lambda t: t.update({"model.norm.weight": t["model.norm.weight"].half()}),
+        # not a float: a quantized tensor under a float parameter's name
+        lambda t: t.update({"model.norm.weight": t["model.norm.weight"].to(torch.int8)}),
+    ],
+    ids=["renamed", "reshaped", "mixed-dtypes", "not-a-float"],
+)
+def test_a_checkpoint_transformers_converts_on_load_does_not_stream(tiny_model, tmp_path, edit):
+    """Streaming reads tensors as the checkpoint holds them: one that transformers would
+    convert while loading gives None, and the caller loads the model with transformers."""
+    folder = edited_copy(tiny_model, tmp_path / "edited", edit)
+    assert streamed_model(fetched(folder, "llama"), folder) is None
+
+
+def test_a_quantized_checkpoint_does_not_stream(tiny_model, tmp_path):
+    """A quantization_config means transformers' quantizer builds other modules on load."""
+    import json
+
+    folder = edited_copy(tiny_model, tmp_path / "quantized", lambda t: None)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    (folder / "config.json").write_text(json.dumps(config))
     assert streamed_model(fetched(folder, "llama"), folder) is None
 
 

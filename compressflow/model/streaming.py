@@ -22,8 +22,10 @@ DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 
 def streamed_model(model: FetchedModel, folder: Path):
     """`model.model_class` built on the meta device over `folder`'s checkpoint, each module
-    reading its parameters from there when called; None when a parameter has no tensor under
-    its name or a tied twin's (a checkpoint transformers renames on load): load it then.
+    reading its parameters from there when called; None when transformers must convert the
+    checkpoint while loading it: a parameter with no float tensor of its shape under its name or
+    a tied twin's (renamed or fused on load), float tensors of several dtypes (cast on load), or
+    a quantized checkpoint (its quantizer builds other modules). Load it with transformers then.
 
     A model whose code reads another module's weights outside that module's call computes on
     meta tensors and fails; callers fall back to loading it with transformers.
@@ -34,11 +36,15 @@ def streamed_model(model: FetchedModel, folder: Path):
     from safetensors import safe_open
 
     index = tensor_index(folder)
-    dtype = Counter(DTYPES.get(info.dtype) for info in index.values()).most_common(1)
-    dtype = getattr(torch, dtype[0][0] or "float32") if dtype else torch.float32
+    floats = {DTYPES[info.dtype] for info in index.values() if info.dtype in DTYPES}
+    if len(floats) != 1:  # mixed: transformers casts them to one dtype while loading
+        return None
+    dtype = getattr(torch, floats.pop())
     config = transformers.AutoConfig.from_pretrained(
         folder, trust_remote_code=model.trust_remote_code
     )
+    if getattr(config, "quantization_config", None):
+        return None
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -60,7 +66,7 @@ def streamed_model(model: FetchedModel, folder: Path):
         for attribute, parameter in module.named_parameters(recurse=False):
             keys = [f"{prefix}.{attribute}".lstrip("."), *aliases[id(parameter)]]
             key = next((k for k in keys if k in index), None)
-            if key is None:
+            if key is None or not fits(index[key], parameter):
                 return None
             own[attribute] = (key, parameter)
         if own:
@@ -86,6 +92,11 @@ def streamed_model(model: FetchedModel, folder: Path):
         module.register_forward_pre_hook(lambda m, _, own=own: onload(m, own, read))
         module.register_forward_hook(lambda m, _, out, own=own: offload(m, own, out))
     return built.eval()
+
+
+def fits(info, parameter) -> bool:
+    """The checkpoint's tensor can stand in for `parameter` as it is read: same shape, a float."""
+    return info.dtype in DTYPES and tuple(info.shape) == tuple(parameter.shape)
 
 
 def onload(module, own: dict, read) -> None:
