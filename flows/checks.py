@@ -27,7 +27,7 @@ from compressflow.params import (
     TargetArgs,
 )
 from compressflow.results import BuiltDataset, FetchedModel, MemoryPlan, RenderedRecipe
-from compressflow.runtime.gpus import refuse_too_few
+from compressflow.runtime.gpus import refuse_fewer_samples, refuse_too_few
 from compressflow.runtime.isolation import in_child
 from compressflow.store.disk_space import check_free_space
 from compressflow.store.manifest import check_apart, check_target, output_path, run_key
@@ -111,6 +111,7 @@ def check_before_calibration(
     calibration: CalibrationArgs,
 ) -> MemoryPlan:
     refuse_too_few(calibration.gpus)  # before the output's checks: the host is wrong, not them
+    refuse_fewer_samples(calibration.gpus, inputs.dataset and inputs.dataset.num_samples)
     run(check_output, inputs, output)
     plan = run(
         plan_memory,

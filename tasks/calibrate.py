@@ -61,6 +61,7 @@ from compressflow.results import (
 from compressflow.runtime.distributed import run_distributed
 from compressflow.runtime.gpus import gpu_slots
 from compressflow.runtime.isolation import run_isolated
+from compressflow.runtime.rank import rank_share, this_rank
 from compressflow.runtime.resume import CalibrationCheckpoint, checkpoint_key, expire
 from compressflow.settings import settings
 from compressflow.store.disk_space import disk_full_is_clear, folder_size
@@ -457,6 +458,13 @@ def calibrate_here(
     kwargs = {}
     if dataset is not None:
         calibration_data = load_from_disk(dataset.path)
+        rank, world = this_rank()
+        if world > 1:
+            share = rank_share(len(calibration_data), rank, world)
+            calibration_data = calibration_data.select(share)
+            log.info(
+                "Rank %d of %d calibrates on samples %d to %d", rank, world, share[0], share[-1]
+            )
         kwargs.update(
             dataset=calibration_data,
             num_calibration_samples=len(calibration_data),

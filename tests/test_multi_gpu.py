@@ -161,3 +161,35 @@ def test_a_run_whose_gpus_are_its_own_takes_them_without_a_slot(monkeypatch):
     monkeypatch.setenv("COMPRESSFLOW_GPU_SLOTS", "false")  # a pod's: no Prefect server is asked
     with gpus.gpu_slots(2, None) as held:
         assert held == ["0", "1"]
+
+
+@pytest.mark.parametrize(("samples", "world"), [(8, 2), (10, 4), (3, 3), (512, 7)])
+def test_each_rank_calibrates_on_its_own_share_of_the_samples(samples, world):
+    """llm-compressor reduces the statistics across ranks: the shares cover every sample once,
+    and differ in size by one at most."""
+    from compressflow.runtime.rank import rank_share
+
+    shares = [rank_share(samples, rank, world) for rank in range(world)]
+    assert [i for share in shares for i in share] == list(range(samples))
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1 and min(map(len, shares)) >= 1
+
+
+def test_more_gpus_than_calibration_samples_are_refused_before_the_output_or_any_weights(
+    tiny_model, tmp_path, monkeypatch
+):
+    from compressflow.flows.validate import validate
+
+    monkeypatch.setenv("COMPRESSFLOW_GPU_DEVICES", "0,1,2,3")
+    with pytest.raises(CalibrationError) as raised:
+        validate(
+            model={"model_id": str(tiny_model)},
+            dataset={"dataset_name": "python_docs", "text_samples": 3, "max_seq_len": 64},
+            recipe={"recipe": "W4A16"},
+            output={"save_directory": str(tmp_path / "out")},
+            calibration={"gpus": 4},
+        )
+    error = raised.value
+    assert error.field == "calibration.gpus"
+    assert "the dataset has 3 sample(s)" in error.problem
+    assert "set calibration.gpus to 3 or less" in error.fix
+    assert not (tmp_path / "out").exists()

@@ -66,6 +66,20 @@ def refuse_too_few(gpus: int, host: list[str] | None = None) -> None:
     )
 
 
+def refuse_fewer_samples(gpus: int, samples: int | None) -> None:
+    """CalibrationError when calibration.gpus ranks cannot each have a calibration sample: each
+    rank calibrates on its own share (compressflow.runtime.rank.rank_share)."""
+    if gpus <= 1 or samples is None or samples >= gpus:
+        return
+    raise CalibrationError(
+        "calibration.gpus",
+        f"calibration.gpus is {gpus}, but the dataset has {samples} sample(s): each GPU "
+        "calibrates on its own share of them, and a GPU with none has nothing to calibrate on",
+        f"set calibration.gpus to {samples} or less, or calibrate on more samples "
+        "(dataset.text_samples)",
+    )
+
+
 def ensure_limits(host: list[str]) -> None:
     """Create a limit of 1 for each device's slot that the Prefect server does not have yet.
 
