@@ -105,11 +105,11 @@ def test_a_quantized_checkpoint_does_not_stream(tiny_model, tmp_path):
     assert streamed_model(fetched(folder, "llama"), folder) is None
 
 
-def test_a_meta_tensor_failure_falls_back_and_other_errors_do_not():
-    """logits_streamed returns None only when the forward met a weight still on the meta
-    device; any other error is the model's and is raised."""
+def test_a_failed_streamed_forward_falls_back_with_a_warning_that_says_why(caplog):
+    """Streaming only saves reads: a forward that fails (a weight still on the meta device, or
+    anything else) returns None, and the caller loads the model instead."""
 
-    class Reads(torch.nn.Module):
+    class Fails(torch.nn.Module):
         def __init__(self, error):
             super().__init__()
             self.error = error
@@ -119,7 +119,18 @@ def test_a_meta_tensor_failure_falls_back_and_other_errors_do_not():
             raise self.error
 
     meta = NotImplementedError("Cannot copy out of meta tensor; no data!")
-    assert logits_streamed(Reads(meta), [[1]]) is None
+    assert logits_streamed(Fails(meta), [[1]]) is None
+    assert "NotImplementedError: Cannot copy out of meta tensor" in caplog.text
+    assert logits_streamed(Fails(RuntimeError("expected the same dtype")), [[1]]) is None
+    assert "loading it instead" in caplog.text and "expected the same dtype" in caplog.text
     assert logits_streamed(None, [[1]]) is None
-    with pytest.raises(RuntimeError, match="shape"):
-        logits_streamed(Reads(RuntimeError("shape mismatch")), [[1]])
+
+
+def test_a_model_that_cannot_be_built_does_not_stream(tiny_model, caplog):
+    """Building on the meta device can fail where loading would not (remote code, a config read
+    only while loading): None and a warning, and the caller loads the model."""
+    model = FetchedModel.model_construct(
+        path=str(tiny_model), model_id="m", model_class="NoSuchClass", trust_remote_code=False
+    )
+    assert streamed_model(model, tiny_model) is None
+    assert "Cannot stream m's weights (AttributeError" in caplog.text

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from compressflow.logs import run_logger
 from compressflow.model.checkpoint import tensor_index
 from compressflow.results import FetchedModel
 
@@ -21,6 +22,22 @@ DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 
 
 def streamed_model(model: FetchedModel, folder: Path):
+    """`built_streamed`, or None with a warning when building it failed (remote code that cannot
+    build on the meta device, a config transformers reads only while loading): streaming only
+    saves reads, and the caller then loads the model as it always could."""
+    try:
+        return built_streamed(model, folder)
+    except Exception as exc:  # noqa: BLE001 - any failure: the caller loads the model instead
+        run_logger(__name__).warning(
+            "Cannot stream %s's weights (%s: %s); loading it instead",
+            model.model_id,
+            type(exc).__name__,
+            str(exc).splitlines()[0] if str(exc) else "",
+        )
+        return None
+
+
+def built_streamed(model: FetchedModel, folder: Path):
     """`model.model_class` built on the meta device over `folder`'s checkpoint, each module
     reading its parameters from there when called; None when transformers must convert the
     checkpoint while loading it: a parameter with no float tensor of its shape under its name or

@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 
 from compressflow.compat import patch_reloads
+from compressflow.logs import run_logger
 from compressflow.results import QualityMetrics
 
 
@@ -151,15 +152,22 @@ def logits_of(model, samples: list[list[int]], tokens_per_forward: int = TOKENS_
 
 
 def logits_streamed(model, samples: list[list[int]]) -> list | None:
-    """`logits_of` a streamed model (compressflow/model/streaming.py); None when there is none or
-    its code read a module's weights outside that module's call (still on the meta device)."""
+    """`logits_of` a streamed model (compressflow/model/streaming.py); None, with a warning that
+    says why, when there is none or its forward failed: streaming only saves reads, so the caller
+    loads the model with transformers and computes the same logits the proven way. (A model
+    whose code reads another module's weights outside that module's call meets them on the meta
+    device; a failure streaming does not foresee must not fail a run that loading would pass.)"""
     if model is None:
         return None
     try:
         return logits_of(model, samples)
-    except (NotImplementedError, RuntimeError) as exc:
-        if "meta" not in str(exc):
-            raise
+    except Exception as exc:  # noqa: BLE001 - any failure: the loaded model's pass follows
+        run_logger(__name__).warning(
+            "Streaming the model's weights failed (%s: %s); loading it instead, which reads "
+            "its weights once more",
+            type(exc).__name__,
+            str(exc).splitlines()[0] if str(exc) else "",
+        )
         return None
 
 
