@@ -413,6 +413,9 @@ def test_the_reference_logits_read_back_as_saved(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(back["logits"], logits, strict=True))
 
 
+# A whole flow process under a file-size limit (~24 s on 2 cores): with `make matrix`. make test
+# keeps the fast disk-full case (the reference logits' save, above).
+@pytest.mark.matrix
 def test_disk_full_while_saving_publishes_nothing(tiny_model, tmp_path):
     # RLIMIT_FSIZE makes writes past 2 MB fail with EFBIG, as a full disk fails with ENOSPC; the
     # compressed checkpoint is about 5 MB, the dataset, results and logs far smaller.
