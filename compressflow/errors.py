@@ -7,6 +7,12 @@ the flow lets them through unchanged so the Prefect UI shows the message as writ
 from __future__ import annotations
 
 
+def first_line(exc: BaseException) -> str:
+    """`Type: first non-empty line` of an exception (some start with a source dump)."""
+    first = next((line for line in str(exc).splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}: {first[:300].rstrip('.')}"
+
+
 class CompressflowError(Exception):
     """Base class: a problem in the inputs or the environment that the user can fix.
 

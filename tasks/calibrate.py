@@ -35,7 +35,7 @@ from compressflow.data.local_text import verification_texts
 from compressflow.data.text_sources import load_processor
 from compressflow.data.user_code import import_callable
 from compressflow.data.vision import collate_one
-from compressflow.errors import CalibrationError, ModelFetchError
+from compressflow.errors import CalibrationError, ModelFetchError, first_line
 from compressflow.logs import run_logger
 from compressflow.model.memory import load_from_disk, stage_offload_folder
 from compressflow.model.streaming import streamed_model
@@ -93,12 +93,6 @@ def layer_index(module_name: str) -> int:
     """`model.layers.3.mlp.up_proj` -> 3, so errors plot against depth; 0 when there is none."""
     match = re.search(r"\.(\d+)\.", module_name)
     return int(match.group(1)) if match else 0
-
-
-def first_line(exc: BaseException) -> str:
-    """`Type: first non-empty line` of an exception (some start with a source dump)."""
-    first = next((line for line in str(exc).splitlines() if line.strip()), "")
-    return f"{type(exc).__name__}: {first[:300].rstrip('.')}"
 
 
 def raised_in(exc: BaseException, function) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from compressflow.errors import first_line
 from compressflow.logs import run_logger
 from compressflow.model.checkpoint import tensor_index
 from compressflow.results import FetchedModel
@@ -29,10 +30,9 @@ def streamed_model(model: FetchedModel, folder: Path):
         return built_streamed(model, folder)
     except Exception as exc:  # noqa: BLE001 - any failure: the caller loads the model instead
         run_logger(__name__).warning(
-            "Cannot stream %s's weights (%s: %s); loading it instead",
+            "Cannot stream %s's weights (%s); loading it instead",
             model.model_id,
-            type(exc).__name__,
-            str(exc).splitlines()[0] if str(exc) else "",
+            first_line(exc),
         )
         return None
 

@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 
 from compressflow.compat import patch_reloads
+from compressflow.errors import first_line
 from compressflow.logs import run_logger
 from compressflow.results import QualityMetrics
 
@@ -163,10 +164,9 @@ def logits_streamed(model, samples: list[list[int]]) -> list | None:
         return logits_of(model, samples)
     except Exception as exc:  # noqa: BLE001 - any failure: the loaded model's pass follows
         run_logger(__name__).warning(
-            "Streaming the model's weights failed (%s: %s); loading it instead, which reads "
+            "Streaming the model's weights failed (%s); loading it instead, which reads "
             "its weights once more",
-            type(exc).__name__,
-            str(exc).splitlines()[0] if str(exc) else "",
+            first_line(exc),
         )
         return None
 
