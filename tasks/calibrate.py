@@ -37,7 +37,7 @@ from compressflow.data.user_code import import_callable
 from compressflow.data.vision import collate_one
 from compressflow.errors import CalibrationError, ModelFetchError, first_line
 from compressflow.logs import run_logger
-from compressflow.model.memory import load_from_disk, stage_offload_folder
+from compressflow.model.memory import load_offloaded, stage_offload_folder
 from compressflow.model.streaming import streamed_model
 from compressflow.params import CalibrationArgs, RecipeArgs, VerifyArgs
 from compressflow.registries.architectures import ARCHITECTURES
@@ -210,7 +210,7 @@ def load_for_calibration(model: FetchedModel, plan: MemoryPlan):
         model.model_id,
         gib(plan.weights_in_memory_bytes),
     )
-    return load_from_disk(model, Path(model.path), plan)
+    return load_offloaded(model, plan)
 
 
 def source_logits(model: FetchedModel, plan: MemoryPlan, samples: list[list[int]]) -> list:

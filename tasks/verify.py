@@ -45,7 +45,7 @@ from compressflow.compat import patch_reloads
 from compressflow.errors import VerificationError
 from compressflow.logs import run_logger
 from compressflow.model.checkpoint import tensor_index
-from compressflow.model.memory import load_from_disk, stage_offload_folder
+from compressflow.model.memory import load_offloaded, stage_offload_folder
 from compressflow.model.serving import serve_and_score
 from compressflow.model.streaming import streamed_model
 from compressflow.model.tracing import unloaded_tensors
@@ -353,7 +353,7 @@ def one_pass_logits(staging: Path, model: FetchedModel, plan: MemoryPlan, refere
     logits = logits_streamed(wired(streamed_model(model, Path(model.path))), reference["input_ids"])
     if logits is None:
         errors.clear()
-        base = wired(load_from_disk(model, Path(model.path), plan))
+        base = wired(load_offloaded(model, plan))
         if base is None:
             return None
         logits = logits_of(base, reference["input_ids"])

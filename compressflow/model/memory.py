@@ -451,8 +451,8 @@ def offload_folder(args: CalibrationArgs, target: Path) -> str:
     return str(target.parent / f".{target.name}.offload-{os.getpid()}")
 
 
-def load_from_disk(model: FetchedModel, folder: Path, plan: MemoryPlan):
-    """`folder`'s checkpoint (the source) as `model.model_class`, with what fits under the plan's
+def load_offloaded(model: FetchedModel, plan: MemoryPlan):
+    """The source checkpoint as `model.model_class`, with what fits under the plan's
     weight budget in CPU memory and the rest read from its safetensors files when a module runs.
 
     compressed-tensors' offloading reads the checkpoint's own files: nothing is copied to the
@@ -466,7 +466,7 @@ def load_from_disk(model: FetchedModel, folder: Path, plan: MemoryPlan):
     Path(plan.offload_folder).mkdir(parents=True, exist_ok=True)
     with load_offloaded_model(model_cls):
         return model_cls.from_pretrained(
-            folder,
+            model.path,
             dtype="auto",
             trust_remote_code=model.trust_remote_code,
             device_map="auto_offload",
