@@ -239,11 +239,7 @@ def calibrate_model_free(
     staging = Path(staging_path)
     started = time.perf_counter()
     reference = capture_reference(
-        lambda samples: source_logits(model, plan, samples),
-        load_processor(model),
-        verify,
-        staging,
-        model,
+        partial(source_logits, model, plan), load_processor(model), verify, staging, model
     )
     reference_seconds = time.perf_counter() - started
     started = time.perf_counter()

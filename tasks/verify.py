@@ -341,23 +341,26 @@ def one_pass_logits(staging: Path, model: FetchedModel, plan: MemoryPlan, refere
             x = fake_quantize(x, scale, zero_point, activations)
         return torch.nn.functional.linear(x, weight.to(x.dtype), module.bias)
 
-    def wired(base):
-        modules = dict(base.named_modules()) if base is not None else {}
+    def wired(base) -> bool:
+        modules = dict(base.named_modules())
         if any(not isinstance(modules.get(name), torch.nn.Linear) for name in quantized):
-            return None
+            return False
         for name in quantized:
             module = modules[name]
             module.forward = lambda x, m=module, name=name: compressed_forward(x, m, name)
-        return base
+        return True
 
-    logits = logits_streamed(wired(streamed_model(model, Path(model.path))), reference["input_ids"])
+    streamed = streamed_model(model, Path(model.path))
+    if streamed is not None and not wired(streamed):
+        return None  # the loaded model has the same modules: no need to load it to find out
+    logits = logits_streamed(streamed, reference["input_ids"])
     if logits is None:
         errors.clear()
-        base = wired(load_offloaded(model, plan))
-        if base is None:
+        base = load_offloaded(model, plan)
+        if not wired(base):
             return None
         logits = logits_of(base, reference["input_ids"])
-        del base
+    del streamed
     gc.collect()  # each wired module's forward refers to the module: a cycle
     return logits, errors
 
