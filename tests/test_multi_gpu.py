@@ -138,21 +138,34 @@ def test_a_dying_rank_fails_the_run_naming_it_and_stops_the_others(
     assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("compressflow-ranks-*"))
 
 
-def test_the_flows_checks_refuse_too_few_gpus_before_the_output_or_any_weights(
-    tiny_model, tmp_path, monkeypatch
+@pytest.mark.parametrize(
+    ("devices", "samples", "words"),
+    [
+        ("0", 8, "this host's GPUs for calibration are 1 (0)"),
+        ("0,1,2,3", 3, "the dataset has 3 sample(s)"),  # each GPU calibrates on its own share
+    ],
+    ids=["too-few-gpus", "fewer-samples-than-gpus"],
+)
+def test_the_flows_checks_refuse_a_gpu_count_before_the_output_or_any_weights(
+    tiny_model, tmp_path, monkeypatch, devices, samples, words
 ):
     from compressflow.flows.validate import validate
 
-    monkeypatch.setenv("COMPRESSFLOW_GPU_DEVICES", "0")
+    monkeypatch.setenv("COMPRESSFLOW_GPU_DEVICES", devices)
+    gpus = 2 if devices == "0" else 4
     with pytest.raises(CalibrationError) as raised:
         validate(
             model={"model_id": str(tiny_model)},
-            dataset={"dataset_name": "python_docs", "text_samples": 8, "max_seq_len": 64},
+            dataset={"dataset_name": "python_docs", "text_samples": samples, "max_seq_len": 64},
             recipe={"recipe": "W4A16"},
             output={"save_directory": str(tmp_path / "out")},
-            calibration={"gpus": 2},
+            calibration={"gpus": gpus},
         )
-    assert raised.value.field == "calibration.gpus"
+    error = raised.value
+    assert error.field == "calibration.gpus"
+    assert words in error.problem
+    if samples < gpus:
+        assert "set calibration.gpus to 3 or less" in error.fix
     assert not (tmp_path / "out").exists()
 
 
@@ -172,24 +185,3 @@ def test_each_rank_calibrates_on_its_own_share_of_the_samples(samples, world):
     shares = [rank_share(samples, rank, world) for rank in range(world)]
     assert [i for share in shares for i in share] == list(range(samples))
     assert max(map(len, shares)) - min(map(len, shares)) <= 1 and min(map(len, shares)) >= 1
-
-
-def test_more_gpus_than_calibration_samples_are_refused_before_the_output_or_any_weights(
-    tiny_model, tmp_path, monkeypatch
-):
-    from compressflow.flows.validate import validate
-
-    monkeypatch.setenv("COMPRESSFLOW_GPU_DEVICES", "0,1,2,3")
-    with pytest.raises(CalibrationError) as raised:
-        validate(
-            model={"model_id": str(tiny_model)},
-            dataset={"dataset_name": "python_docs", "text_samples": 3, "max_seq_len": 64},
-            recipe={"recipe": "W4A16"},
-            output={"save_directory": str(tmp_path / "out")},
-            calibration={"gpus": 4},
-        )
-    error = raised.value
-    assert error.field == "calibration.gpus"
-    assert "the dataset has 3 sample(s)" in error.problem
-    assert "set calibration.gpus to 3 or less" in error.fix
-    assert not (tmp_path / "out").exists()

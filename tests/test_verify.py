@@ -140,6 +140,29 @@ def test_long_held_out_texts_split_into_forwards_under_the_token_budget():
     assert forwards(samples, 4096) == [samples]
 
 
+def model_free_output(tiny_model: Path, tmp_path: Path, scheme: str = "FP8_DYNAMIC"):
+    """(output folder, FetchedModel, MemoryPlan) of a model-free run of the tiny model, its
+    weights on disk as the model-free plan places them."""
+    from llmcompressor import model_free_ptq
+
+    from compressflow.results import FetchedModel, MemoryPlan
+
+    out = tmp_path / "fp8"
+    model_free_ptq(
+        str(tiny_model), str(out), scheme=scheme, ignore=["lm_head", "re:.*embed_tokens"]
+    )
+    model = FetchedModel.model_construct(
+        path=str(tiny_model), model_class="LlamaForCausalLM", trust_remote_code=False
+    )
+    plan = MemoryPlan.model_construct(
+        placement="shards",
+        weights_in_memory_bytes=0,
+        offload_folder=str(tmp_path / "offload"),
+        model_free_scheme=scheme,
+    )
+    return out, model, plan
+
+
 def test_a_reloaded_model_on_disk_reads_each_tensor_once_per_forward(tiny_model, tmp_path):
     """compressed-tensors' quantized forward read each quantized weight from disk twice per
     forward (compat.onload_weights_once): the logits check of a model-free run read the
@@ -147,22 +170,11 @@ def test_a_reloaded_model_on_disk_reads_each_tensor_once_per_forward(tiny_model,
     from collections import Counter
 
     from compressed_tensors.offload.cache.disk import DiskCache
-    from llmcompressor import model_free_ptq
 
     from compressflow.reporting.quality import logits_of
-    from compressflow.results import FetchedModel, MemoryPlan
     from compressflow.tasks.verify import reload
 
-    out = tmp_path / "fp8"
-    model_free_ptq(
-        str(tiny_model), str(out), scheme="FP8_DYNAMIC", ignore=["lm_head", "re:.*embed_tokens"]
-    )
-    model = FetchedModel.model_construct(
-        path=str(tiny_model), model_class="LlamaForCausalLM", trust_remote_code=False
-    )
-    plan = MemoryPlan.model_construct(
-        placement="shards", weights_in_memory_bytes=0, offload_folder=str(tmp_path / "offload")
-    )
+    out, model, plan = model_free_output(tiny_model, tmp_path)
     loaded, _ = reload(out, model, plan)
     logits_of(loaded, [[5, 6, 7]])  # the first forward decompresses the FP8 weights to disk
     reads: Counter = Counter()
@@ -189,25 +201,10 @@ def test_a_model_free_output_is_checked_in_one_pass_as_the_reloaded_model_comput
     streamed from its checkpoint: each source tensor and each output tensor is read once, nothing
     is loaded before it, and the logits and weight errors are those the reloaded checkpoint
     gives."""
-    from llmcompressor import model_free_ptq
-
     from compressflow.reporting.quality import compare_logits, logits_of
-    from compressflow.results import FetchedModel, MemoryPlan
     from compressflow.tasks.verify import check_weights, one_pass_logits, reload
 
-    out = tmp_path / "fp8"
-    model_free_ptq(
-        str(tiny_model), str(out), scheme=scheme, ignore=["lm_head", "re:.*embed_tokens"]
-    )
-    model = FetchedModel.model_construct(
-        path=str(tiny_model), model_class="LlamaForCausalLM", trust_remote_code=False
-    )
-    plan = MemoryPlan.model_construct(
-        placement="shards",
-        weights_in_memory_bytes=0,
-        offload_folder=str(tmp_path / "offload"),
-        model_free_scheme=scheme,
-    )
+    out, model, plan = model_free_output(tiny_model, tmp_path, scheme)
     samples = [[5, 6, 7, 8, 9], [10, 11, 12]]
     loaded, _ = reload(out, model, plan)
     reloaded = logits_of(loaded, samples)
@@ -232,25 +229,10 @@ def test_a_model_free_output_whose_source_cannot_stream_is_checked_on_it_loaded_
 ):
     """A source that cannot stream (a checkpoint transformers renames on load, fused experts):
     the one pass runs on the source loaded with its weights on disk, with the same result."""
-    from llmcompressor import model_free_ptq
-
     from compressflow.reporting.quality import compare_logits
-    from compressflow.results import FetchedModel, MemoryPlan
     from compressflow.tasks import verify
 
-    out = tmp_path / "fp8"
-    model_free_ptq(
-        str(tiny_model), str(out), scheme="FP8_DYNAMIC", ignore=["lm_head", "re:.*embed_tokens"]
-    )
-    model = FetchedModel.model_construct(
-        path=str(tiny_model), model_class="LlamaForCausalLM", trust_remote_code=False
-    )
-    plan = MemoryPlan.model_construct(
-        placement="shards",
-        weights_in_memory_bytes=0,
-        offload_folder=str(tmp_path / "offload"),
-        model_free_scheme="FP8_DYNAMIC",
-    )
+    out, model, plan = model_free_output(tiny_model, tmp_path)
     reference = {"input_ids": [[5, 6, 7, 8, 9], [10, 11, 12]]}
     streamed, streamed_errors = verify.one_pass_logits(out, model, plan, reference)
     monkeypatch.setattr(verify, "streamed_model", lambda *_: None)
