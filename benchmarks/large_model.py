@@ -181,9 +181,10 @@ def count_reads() -> None:
     safetensors.safe_open = safetensors.torch.safe_open = CountedReads
 
 
-def reading_steps(model: str, out: str, plan: dict) -> dict:
+def reading_steps(model: str, out: str, plan: dict, root: Path) -> dict:
     """Each step that reads the weights on the model-free path, repeated in this process where
-    its reads are counted (the flow ran them in children of its own): name -> bytes, seconds."""
+    its reads are counted (the flow ran them in children of its own): name -> bytes, seconds.
+    Each load offloads into a folder of its own under `root`."""
     import tempfile
     import time
 
@@ -198,7 +199,6 @@ def reading_steps(model: str, out: str, plan: dict) -> dict:
     fetched = FetchedModel.model_construct(
         path=model, model_id=model, model_class="LlamaForCausalLM", trust_remote_code=False
     )
-    root = Path(tempfile.mkdtemp(prefix="reads-"))
 
     def fresh():  # compressed-tensors names offloaded files by id(): one folder per load
         return MemoryPlan.model_validate({**plan, "offload_folder": tempfile.mkdtemp(dir=root)})
@@ -232,7 +232,6 @@ def reading_steps(model: str, out: str, plan: dict) -> dict:
     step("reload", reload, Path(out), fetched, fresh())
     step("before: weights check", check_weights, Path(out), Path(model))
     step("before: reload and logits", reloaded_logits)
-    shutil.rmtree(root)
     return figures
 
 
@@ -269,8 +268,11 @@ def flow_child(args) -> None:
 
 
 def reads_child(args) -> None:
+    import tempfile
+
     count_reads()
-    print_result(reading_steps(args.model, args.out, json.loads(args.plan)))
+    with tempfile.TemporaryDirectory(prefix="reads-") as root:  # removed even if a step fails
+        print_result(reading_steps(args.model, args.out, json.loads(args.plan), Path(root)))
 
 
 def main() -> int:
