@@ -359,3 +359,20 @@ def test_other_threads_stacks_do_not_push_the_last_logged_line_out():
     text = tail.text()
     assert "loaded the model; calibrating" in text and "a.py" in text and "b.py" in text
     assert "t.py" not in text and "c.py" not in text
+
+
+def test_a_line_logged_while_a_dump_is_half_read_is_kept():
+    # CI's failure: the log line (its own pipe) arrived between two reads of faulthandler's dump
+    # and was joined to the half-read frame line before it, then dropped with that frame.
+    from compressflow.runtime.isolation import _Tail
+
+    tail = _Tail()
+    dump = "Fatal Python error: Aborted\n\nCurrent thread 0x0001 (most recent call first):\n"
+    dump += '  File "a.py", line 9 in f\n  File "b.py", line 3 in g\n  File "c.py", line 1 in h\n'
+    cut = dump.index("c.py")
+    tail.add(dump[:cut])
+    tail.logged("loaded the model; calibrating")
+    tail.add(dump[cut:] + '  File "d.py", line 2 in main\n\nExtension modules: numpy (total: 1)\n')
+    text = tail.text()
+    assert "loaded the model; calibrating" in text and "a.py" in text and "b.py" in text
+    assert "c.py" not in text and "d.py" not in text and "Extension" not in text

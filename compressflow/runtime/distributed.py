@@ -196,7 +196,7 @@ def _watch(
             raise _ended(f"{what} rank {rank.number}", how, rank.tail)
         elif kind == "log":
             log.log(payload[0], "[rank %d] %s", rank.number, payload[1])
-            rank.tail.add(f"{payload[1]}\n")
+            rank.tail.logged(payload[1])
         elif rank.number == 0:  # progress: every rank calibrates the same layers in step
             on_event(kind, payload)
 

@@ -154,6 +154,14 @@ class _Tail:
                     continue
             self.lines.append(line.rstrip()[:300])
 
+    def logged(self, message: str) -> None:
+        """A line the child logged, kept whole whatever is half-printed on its stderr."""
+        # Logs come on their own pipe, so one can land mid-line of a stderr dump; joined to that
+        # half line it would be read as one of faulthandler's frames and dropped.
+        for line in _COLOUR.sub("", message).splitlines():
+            if line.strip():
+                self.lines.append(line.rstrip()[:300])
+
     def copy(self, stream) -> bool:
         """Copy what the child wrote to fd 2 on to the task's stderr; False at its end."""
         try:
@@ -327,7 +335,7 @@ def run_isolated(
                 raise _ended(what, how, tail)
             if kind == "log":
                 log.log(*payload)
-                tail.add(f"{payload[1]}\n")
+                tail.logged(payload[1])
             else:
                 on_event(kind, payload)
     finally:
