@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from prefect import task
@@ -39,13 +40,24 @@ HUB_IGNORE_PATTERNS = ["original/*", "*.pth", "*.gguf", "*.msgpack", "*.h5", "*.
 HUB_CONFIG_PATTERNS = ["*.json", "*.jinja", "*.model", "*.txt", "*.tiktoken", "*.py"]
 
 
+def file_sha256(file: Path) -> bytes:
+    with file.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").digest()
+
+
 def content_hash(path: Path) -> str:
-    """sha256 over every file's relative path and content: the identity of a local folder."""
-    digest = hashlib.sha256()
-    for file in sorted(p for p in path.rglob("*") if p.is_file()):
-        digest.update(str(file.relative_to(path)).encode() + b"\0")
-        with file.open("rb") as handle:
-            digest.update(hashlib.file_digest(handle, "sha256").digest())
+    """sha256 over every file's relative path and content: the identity of a local folder.
+
+    Files are hashed on several threads (hashlib and reads release the GIL): one core hashes
+    about 1.5 GB/s, so a 800 GB checkpoint would spend 9 minutes here before any check.
+    """
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        digests = pool.map(file_sha256, files)
+        digest = hashlib.sha256()
+        for file, file_digest in zip(files, digests, strict=True):
+            digest.update(str(file.relative_to(path)).encode() + b"\0")
+            digest.update(file_digest)
     return digest.hexdigest()
 
 

@@ -33,6 +33,22 @@ def test_local_folder_gets_a_content_identity(tiny_model):
     assert fetch(ModelArgs(model_id=str(tiny_model))).identity == fetched.identity
 
 
+def test_the_identity_hashes_files_in_name_order_whatever_thread_hashed_them(tmp_path):
+    # Hashed on threads since; the identity must stay the one earlier runs recorded and cached.
+    import hashlib
+
+    from compressflow.tasks.fetch_model import content_hash
+
+    for name in ["b.safetensors", "a/z.json", "a/b.txt", "c"]:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(name.encode() * 1000)
+    digest = hashlib.sha256()
+    for name in ["a/b.txt", "a/z.json", "b.safetensors", "c"]:
+        digest.update(name.encode() + b"\0")
+        digest.update(hashlib.sha256((tmp_path / name).read_bytes()).digest())
+    assert content_hash(tmp_path) == digest.hexdigest()
+
+
 def test_editing_a_local_folder_changes_identity_and_cache_signature(tiny_model, tmp_path):
     folder = copy_model(tiny_model, tmp_path)
     before = (fetch(ModelArgs(model_id=str(folder))).identity, stat_signature(folder))
