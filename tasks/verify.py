@@ -236,7 +236,8 @@ def dequantized(read, module: str, keys: set[str]):
     if weight.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
         return None
     scale = read(f"{module}.weight_scale").float()
-    return weight.float() * expanded(scale, weight.shape)
+    # In place: one float copy of the weight, not two (a 400B model's verify dequantizes all).
+    return weight.float().mul_(expanded(scale, weight.shape))
 
 
 def expanded(scale, shape):
@@ -251,7 +252,9 @@ def expanded(scale, shape):
 
 
 def relative_error(weight, expected) -> float:
-    return ((weight - expected).norm() / expected.norm().clamp_min(1e-12)).item()
+    from torch.linalg import vector_norm
+
+    return (vector_norm(weight - expected) / vector_norm(expected).clamp_min(1e-12)).item()
 
 
 def check_weights(staging: Path, source: Path, found: dict[str, float] | None = None):
