@@ -11,7 +11,6 @@ ending the task ends it, and its memory, GPU memory included, goes back when it 
 
 from __future__ import annotations
 
-import gc
 import os
 import re
 import resource
@@ -31,14 +30,12 @@ from compressflow.compat import (
     as_plain_linear,
     save_under_source_names,
 )
-from compressflow.data.local_text import verification_texts
 from compressflow.data.text_sources import load_processor
 from compressflow.data.user_code import import_callable
 from compressflow.data.vision import collate_one
-from compressflow.errors import CalibrationError, ModelFetchError, first_line
+from compressflow.errors import CalibrationError, first_line
 from compressflow.logs import run_logger
 from compressflow.model.memory import load_offloaded, stage_offload_folder
-from compressflow.model.streaming import streamed_model
 from compressflow.params import CalibrationArgs, RecipeArgs, VerifyArgs
 from compressflow.registries.architectures import ARCHITECTURES
 from compressflow.reporting import tracking
@@ -48,7 +45,13 @@ from compressflow.reporting.progress import (
     sequential_passes,
     subgraphs_per_pass,
 )
-from compressflow.reporting.quality import logits_of, logits_streamed, save_reference
+from compressflow.reporting.quality import logits_of, save_reference
+from compressflow.reporting.reference import (
+    first_non_finite,
+    non_finite_source,
+    reference_samples,
+    refuse_non_finite,
+)
 from compressflow.results import (
     BuiltDataset,
     Calibration,
@@ -106,39 +109,6 @@ def raised_in(exc: BaseException, function) -> bool:
     return False
 
 
-def first_non_finite(tensors) -> str | None:
-    """The name of the first (name, tensor) holding NaN or inf, in slices (no full-size mask)."""
-    import torch
-
-    for name, tensor in tensors:
-        if tensor.is_floating_point() and not all(
-            torch.isfinite(part).all() for part in tensor.detach().reshape(-1).split(1 << 24)
-        ):
-            return name
-    return None
-
-
-def source_tensors(folder: Path):
-    """Every tensor of a safetensors checkpoint, one at a time."""
-    from safetensors import safe_open
-
-    for file in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as handle:
-            for name in handle.keys():
-                yield name, handle.get_tensor(name)
-
-
-def non_finite_source(model: FetchedModel, tensor: str | None) -> ModelFetchError:
-    where = f"in tensor {tensor}" if tensor else "in its logits on the verification texts"
-    return ModelFetchError(
-        "model.model_id",
-        f"the SOURCE model {model.model_id} has non-finite values (NaN or inf) {where}, found "
-        "before calibration; no compression of it can work",
-        "use another checkpoint or revision of the model (download it again if the file may be "
-        "damaged)",
-    )
-
-
 def capture_reference(
     logits_for, processor, verify: VerifyArgs, staging: Path, source: FetchedModel
 ) -> Path:
@@ -148,16 +118,9 @@ def capture_reference(
     The first forward pass over the source: non-finite logits are refused here, naming the
     tensor (found in the checkpoint), rather than blamed on the compression by verify.
     """
-    import torch
-
-    tokenizer = getattr(processor, "tokenizer", processor)
-    samples = [
-        ids[: verify.max_seq_len]
-        for ids in tokenizer(verification_texts(verify.samples))["input_ids"]
-    ]
+    samples = reference_samples(processor, verify)
     logits = logits_for(samples)
-    if not all(torch.isfinite(rows).all() for rows in logits):
-        raise non_finite_source(source, first_non_finite(source_tensors(Path(source.path))))
+    refuse_non_finite(logits, source)
     path = reference_path(staging)
     with disk_full_is_clear(staging):
         save_reference(path, samples, logits)
@@ -213,35 +176,16 @@ def load_for_calibration(model: FetchedModel, plan: MemoryPlan):
     return load_offloaded(model, plan)
 
 
-def source_logits(model: FetchedModel, plan: MemoryPlan, samples: list[list[int]]) -> list:
-    """The source's logits with each weight read once: streamed from its checkpoint, or loaded
-    with its weights on disk when it cannot stream (loading reads every weight once more)."""
-    logits = logits_streamed(streamed_model(model, Path(model.path)), samples)
-    if logits is None:
-        base = load_for_calibration(model, plan)
-        logits = logits_of(base, samples)
-        del base
-        gc.collect()
-    return logits
-
-
-def calibrate_model_free(
-    model: FetchedModel, plan: MemoryPlan, staging_path: str, verify: VerifyArgs
-) -> Calibration:
+def calibrate_model_free(model: FetchedModel, plan: MemoryPlan, staging_path: str) -> Calibration:
     """Quantize the checkpoint shard by shard with llm-compressor's model_free_ptq.
 
-    The base model's reference logits are captured first with every weight read from disk
-    when used, so the run never holds more than a shard and a module in memory.
+    No reference logits are captured here: the source is left as it is, so verify takes them in
+    the same forward as the compressed model's, reading the source once for both.
     """
     from llmcompressor import model_free_ptq
 
     log = run_logger(__name__)
     staging = Path(staging_path)
-    started = time.perf_counter()
-    reference = capture_reference(
-        partial(source_logits, model, plan), load_processor(model), verify, staging, model
-    )
-    reference_seconds = time.perf_counter() - started
     started = time.perf_counter()
     log.info(
         "Quantizing %s to %s shard by shard (no model built)",
@@ -266,15 +210,12 @@ def calibrate_model_free(
             ) from exc
         copy_preprocessing_files(Path(model.path), staging)
     seconds = time.perf_counter() - started
-    result = Calibration(
+    return Calibration(
         staging_path=str(staging),
         seconds=seconds,
         peak_rss_mb=peak_rss_mb(),
         checkpoint_bytes=folder_size(staging),
-        reference_seconds=round(reference_seconds, 3),
-        reference_path=str(reference),
     )
-    return result
 
 
 def calibration_checkpoint(
@@ -427,7 +368,7 @@ def calibrate_here(
     # This process is the run's alone.
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_path(Path(staging_path)))
     if plan.path == "model_free":
-        return calibrate_model_free(model, plan, staging_path, verify)
+        return calibrate_model_free(model, plan, staging_path)
     import torch
     from datasets import load_from_disk
     from llmcompressor import oneshot

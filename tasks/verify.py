@@ -11,15 +11,16 @@ It reloads the checkpoint from disk the way a server does and checks, cheapest f
 3. reload: transformers loads it with no missing, unexpected or mismatched keys (a missing key is
    silently initialised at random);
 4. logits: on held-out texts its next-token logits agree with the base model's, captured before
-   calibration (cosine, KL, top-1 against `verify` thresholds);
+   calibration (or, on the model-free path, which leaves the source as it is, in the same
+   forward as the compressed model's) (cosine, KL, top-1 against `verify` thresholds);
 5. vllm: vLLM, the server it is made for, loads it and scores the same texts close to the base
    model served the same way (compressflow/model/serving.py); run last, it takes seconds to a
    minute. A host whose vLLM build lacks the scheme's kernel records "not checked here".
 
 A model-free run is also checked weight by weight (6. weights: every quantized weight, dequantized,
-is close to the source's). Its weights and logits checks share one forward of the source read
-from disk, each FP8 Linear computing with the output's weight: the source and the output are read
-once each, and its reload checks the keys without a forward (which would decompress the whole
+is close to the source's). Its reference, weights and logits checks share one forward of the source
+read from disk, each sample in it twice and each FP8 Linear computing the second copy with the
+output's weight: the source and the output are read once each, and its reload checks the keys without a forward (which would decompress the whole
 model to disk and read it back). A run whose weights were read from disk (and every model-free
 run) reloads the same way, so verifying needs no more memory than calibrating.
 
@@ -35,6 +36,7 @@ import math
 import resource
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
@@ -42,6 +44,7 @@ from prefect.cache_policies import NO_CACHE
 
 from compressflow import compat
 from compressflow.compat import patch_reloads
+from compressflow.data.text_sources import load_processor
 from compressflow.errors import VerificationError
 from compressflow.logs import run_logger
 from compressflow.model.checkpoint import tensor_index
@@ -54,11 +57,14 @@ from compressflow.registries.thresholds import scheme_family
 from compressflow.reporting import tracking
 from compressflow.reporting.artifacts import artifact_key, display_name, logit_figures
 from compressflow.reporting.quality import (
+    TOKENS_PER_FORWARD,
     compare_logits,
+    forwards,
     logits_of,
     logits_streamed,
     read_reference,
 )
+from compressflow.reporting.reference import reference_samples, refuse_non_finite
 from compressflow.results import (
     Calibration,
     FetchedModel,
@@ -299,17 +305,43 @@ def check_weights(staging: Path, source: Path, found: dict[str, float] | None = 
     return VerificationCheck(name="weights", passed=passed, detail=detail)
 
 
-def one_pass_logits(staging: Path, model: FetchedModel, plan: MemoryPlan, reference: dict):
-    """A model-free output's logits and weight errors from one forward of the base model,
-    each FP8 Linear computing with the output's weight (dequantized, inputs quantized as the
-    scheme says) instead of its own; None when a quantized module has no Linear counterpart in
-    the model transformers builds (renamed checkpoints, fused experts): the reload path checks
-    those.
+class OnePass(NamedTuple):
+    base: list  # the source's logits: the reference
+    logits: list  # the output's
+    errors: dict[str, float]  # each FP8 weight's relative error against the source's
+
+
+class RowsNotFirst(ValueError):
+    """A Linear met its input without the batch's rows first: halves would not be the copies."""
+
+
+def source_logits(model: FetchedModel, plan: MemoryPlan, samples: list[list[int]]) -> list:
+    """The source's logits alone: streamed from its checkpoint, or loaded with its weights on
+    disk when it cannot stream (loading reads every weight once more)."""
+    logits = logits_streamed(streamed_model(model, Path(model.path)), samples)
+    if logits is None:
+        base = load_offloaded(model, plan)
+        logits = logits_of(base, samples)
+        del base
+        gc.collect()
+    return logits
+
+
+def one_pass_logits(
+    staging: Path, model: FetchedModel, plan: MemoryPlan, samples: list[list[int]]
+) -> OnePass | None:
+    """A model-free output's logits, the source's, and the weight errors, from one forward of the
+    base model: the batch holds each sample twice, and each FP8 Linear computes the first copy
+    with its own weight and the second with the output's (dequantized, inputs quantized as the
+    scheme says). None when a quantized module has no Linear counterpart in the model
+    transformers builds (renamed checkpoints, fused experts) or a Linear's input does not hold
+    the batch's rows first: separate passes check those.
 
     The base streams from its checkpoint (compressflow/model/streaming.py), or is loaded with
-    its weights on disk when it cannot: the source is read once and the output once. Reloading
-    the output instead read it twice and wrote a float copy of the whole model that each forward
-    read again (benchmarks/README.md, "Verification reads on the model-free path").
+    its weights on disk when it cannot: the source is read once for the reference and the check,
+    and the output once. Before, the reference was its own pass, and reloading the output read it
+    twice and wrote a float copy of the whole model that each forward read again
+    (benchmarks/README.md, "Verification reads on the model-free path").
     """
     import torch
     from compressed_tensors.quantization import fake_quantize, preset_name_to_scheme
@@ -332,17 +364,29 @@ def one_pass_logits(staging: Path, model: FetchedModel, plan: MemoryPlan, refere
 
     activations = preset_name_to_scheme(plan.model_free_scheme, ["Linear"]).input_activations
     errors: dict[str, float] = {}
+    batch = {"rows": 0, "length": 0, "misplaced": False}  # of the forward running now
+
+    def copies(x):
+        """(the base's rows, the compressed model's) of a Linear's input: [rows, length, ...]
+        or flattened to [rows x length, ...], the base's copy first either way."""
+        rows, length = batch["rows"], batch["length"]
+        if x.shape[0] == rows * length or (x.shape[0] == rows and x.shape[1:2] == (length,)):
+            return x.chunk(2)
+        batch["misplaced"] = True
+        raise RowsNotFirst(f"a Linear's input {tuple(x.shape)} does not start with {rows} rows")
 
     def compressed_forward(x, module, name):
         source = module.weight  # read from the source checkpoint
         weight = dequantized(read, name, keys)
         errors.setdefault(name, relative_error(weight, source.float()))
+        base, x = copies(x)
         if activations is not None:
             scale, zero_point = compute_dynamic_scales_and_zp(
                 value=x, args=activations, module=module
             )
             x = fake_quantize(x, scale, zero_point, activations)
-        return torch.nn.functional.linear(x, weight.to(x.dtype), module.bias)
+        compressed = torch.nn.functional.linear(x, weight.to(x.dtype), module.bias)
+        return torch.cat([torch.nn.functional.linear(base, source, module.bias), compressed])
 
     def wired(base) -> bool:
         modules = dict(base.named_modules())
@@ -353,19 +397,35 @@ def one_pass_logits(staging: Path, model: FetchedModel, plan: MemoryPlan, refere
             module.forward = lambda x, m=module, name=name: compressed_forward(x, m, name)
         return True
 
+    def both(base_model, samples: list[list[int]]) -> tuple[list, list]:
+        """Each group once as the base and once as the compressed model, in one forward; at half
+        the tokens of a lone pass, so it holds no more activations than one."""
+        base: list = []
+        compressed: list = []
+        for group in forwards(samples, TOKENS_PER_FORWARD // 2):
+            batch.update(rows=2 * len(group), length=max(map(len, group)))
+            logits = logits_of(base_model, group + group, tokens_per_forward=math.inf)
+            base += logits[: len(group)]
+            compressed += logits[len(group) :]
+        return base, compressed
+
     streamed = streamed_model(model, Path(model.path))
     if streamed is not None and not wired(streamed):
         return None  # the loaded model has the same modules: no need to load it to find out
-    logits = logits_streamed(streamed, reference["input_ids"])
-    if logits is None:
-        errors.clear()
-        base = load_offloaded(model, plan)
-        if not wired(base):
-            return None
-        logits = logits_of(base, reference["input_ids"])
+    pair = logits_streamed(streamed, samples, forward=both)
     del streamed
     gc.collect()  # each wired module's forward refers to the module: a cycle
-    return logits, errors
+    if pair is None and not batch["misplaced"]:  # loading it would misplace them the same way
+        errors.clear()
+        base = load_offloaded(model, plan)
+        if wired(base):
+            try:
+                pair = both(base, samples)
+            except RowsNotFirst:
+                pass
+        del base
+        gc.collect()
+    return OnePass(*pair, errors) if pair else None
 
 
 def load_reference(calibration: Calibration) -> dict | None:
@@ -470,12 +530,16 @@ def run_checks(
     ]
     reference = load_reference(calibration)
     one_pass = None
-    if plan.path == "model_free":
-        one_pass = reference and one_pass_logits(staging, model, plan, reference)
-        checks.append(check_weights(staging, Path(model.path), one_pass and one_pass[1]))
+    if plan.path == "model_free":  # the source is unchanged: its logits are taken here
+        samples = reference_samples(load_processor(model), args)
+        one_pass = one_pass_logits(staging, model, plan, samples)
+        base = one_pass.base if one_pass else source_logits(model, plan, samples)
+        refuse_non_finite(base, model, "while verifying its compressed copy")
+        reference = {"input_ids": samples, "logits": base}
+        checks.append(check_weights(staging, Path(model.path), one_pass and one_pass.errors))
     loaded, reload_check = reload(staging, model, plan)
     checks.append(reload_check)
-    logits = one_pass[0] if one_pass else None
+    logits = one_pass.logits if one_pass else None
     if reference and loaded is not None and logits is None:
         logits = logits_of(loaded, reference["input_ids"])
     del loaded

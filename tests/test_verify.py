@@ -201,6 +201,8 @@ def test_a_model_free_output_is_checked_in_one_pass_as_the_reloaded_model_comput
     streamed from its checkpoint: each source tensor and each output tensor is read once, nothing
     is loaded before it, and the logits and weight errors are those the reloaded checkpoint
     gives."""
+    from transformers import AutoModelForCausalLM
+
     from compressflow.reporting.quality import compare_logits, logits_of
     from compressflow.tasks.verify import check_weights, one_pass_logits, reload
 
@@ -210,8 +212,12 @@ def test_a_model_free_output_is_checked_in_one_pass_as_the_reloaded_model_comput
     reloaded = logits_of(loaded, samples)
     del loaded
 
+    source_model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    source_logits = logits_of(source_model, samples)
+    del source_model
+
     counted_reads.clear()
-    logits, errors = one_pass_logits(out, model, plan, {"input_ids": samples})
+    base, logits, errors = one_pass_logits(out, model, plan, samples)
     assert len(errors) == 14  # 7 Linears in each of the 2 layers
     source = {name for file, name in counted_reads if file.parent == tiny_model.resolve()}
     output = {name for file, name in counted_reads if file.parent == out.resolve()}
@@ -220,8 +226,28 @@ def test_a_model_free_output_is_checked_in_one_pass_as_the_reloaded_model_comput
     assert len(output) == 28 and all(n.endswith((".weight", ".weight_scale")) for n in output)
     figures = compare_logits(reloaded, logits)
     assert figures["cosine"] > 0.9999 and figures["top1_agreement"] == 1.0
+    # The first copy of each sample went through the source's own weights: the reference.
+    assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(source_logits, base, strict=True))
+    assert compare_logits(source_logits, logits)["kl_divergence"] > 1e-6  # the second did not
     # The same errors check_weights finds reading both checkpoints itself.
     assert check_weights(out, tiny_model).detail == check_weights(out, tiny_model, errors).detail
+
+
+def test_a_linear_fed_its_rows_out_of_order_turns_the_one_pass_down(
+    tiny_model, tmp_path, monkeypatch
+):
+    """The one pass tells the base's copy of each text from the compressed model's by batch row:
+    a model that feeds a Linear [tokens, rows, ...] would mix them into plausible numbers, so
+    the pass gives up (None: separate passes follow) instead, without loading the model."""
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    from compressflow.tasks import verify
+
+    out, model, plan = model_free_output(tiny_model, tmp_path)
+    mlp = LlamaMLP.forward
+    monkeypatch.setattr(LlamaMLP, "forward", lambda self, x: mlp(self, x.transpose(0, 1)))
+    monkeypatch.setattr(verify, "load_offloaded", lambda *_: pytest.fail("loaded the source"))
+    assert verify.one_pass_logits(out, model, plan, [[5, 6, 7, 8, 9], [10, 11, 12]]) is None
 
 
 def test_a_model_free_output_whose_source_cannot_stream_is_checked_on_it_loaded_from_disk(
@@ -233,10 +259,11 @@ def test_a_model_free_output_whose_source_cannot_stream_is_checked_on_it_loaded_
     from compressflow.tasks import verify
 
     out, model, plan = model_free_output(tiny_model, tmp_path)
-    reference = {"input_ids": [[5, 6, 7, 8, 9], [10, 11, 12]]}
-    streamed, streamed_errors = verify.one_pass_logits(out, model, plan, reference)
+    samples = [[5, 6, 7, 8, 9], [10, 11, 12]]
+    streamed = verify.one_pass_logits(out, model, plan, samples)
     monkeypatch.setattr(verify, "streamed_model", lambda *_: None)
-    loaded, loaded_errors = verify.one_pass_logits(out, model, plan, reference)
-    assert loaded_errors == pytest.approx(streamed_errors) and len(loaded_errors) == 14
-    figures = compare_logits(streamed, loaded)
-    assert figures["cosine"] > 0.9999 and figures["top1_agreement"] == 1.0
+    loaded = verify.one_pass_logits(out, model, plan, samples)
+    assert loaded.errors == pytest.approx(streamed.errors) and len(loaded.errors) == 14
+    for kind in ("base", "logits"):
+        figures = compare_logits(getattr(streamed, kind), getattr(loaded, kind))
+        assert figures["cosine"] > 0.9999 and figures["top1_agreement"] == 1.0

@@ -152,16 +152,16 @@ def logits_of(model, samples: list[list[int]], tokens_per_forward: int = TOKENS_
     return logits
 
 
-def logits_streamed(model, samples: list[list[int]]) -> list | None:
-    """`logits_of` a streamed model (compressflow/model/streaming.py); None, with a warning that
-    says why, when there is none or its forward failed: streaming only saves reads, so the caller
+def logits_streamed(model, samples: list[list[int]], forward=None):
+    """`logits_of` a streamed model (compressflow/model/streaming.py), or `forward(model,
+    samples)`'s; None, with a warning that says why, when there is none or its forward failed: streaming only saves reads, so the caller
     loads the model with transformers and computes the same logits the proven way. (A model
     whose code reads another module's weights outside that module's call meets them on the meta
     device; a failure streaming does not foresee must not fail a run that loading would pass.)"""
     if model is None:
         return None
     try:
-        return logits_of(model, samples)
+        return (forward or logits_of)(model, samples)
     except Exception as exc:  # noqa: BLE001 - any failure: the loaded model's pass follows
         run_logger(__name__).warning(
             "Streaming the model's weights failed (%s); loading it instead, which reads "

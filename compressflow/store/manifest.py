@@ -96,7 +96,9 @@ class Manifest(BaseModel):
         "3 of 9'; calibration_seconds then counts the resumed part only); None: from the start.",
     )
     reference_seconds: float | None = Field(
-        default=None, description="Capturing the base model's logits for verification."
+        default=None,
+        description="Capturing the base model's logits for verification, before calibration; "
+        "None on the model-free path, whose verify pass takes them (its seconds count them).",
     )
     peak_rss_mb: float
     peak_gpu_mb: float | None = None
