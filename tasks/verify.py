@@ -18,11 +18,12 @@ It reloads the checkpoint from disk the way a server does and checks, cheapest f
    minute. A host whose vLLM build lacks the scheme's kernel records "not checked here".
 
 A model-free run is also checked weight by weight (6. weights: every quantized weight, dequantized,
-is close to the source's). Its reference, weights and logits checks share one forward of the source
-read from disk, each sample in it twice and each FP8 Linear computing the second copy with the
-output's weight: the source and the output are read once each, and its reload checks the keys without a forward (which would decompress the whole
-model to disk and read it back). A run whose weights were read from disk (and every model-free
-run) reloads the same way, so verifying needs no more memory than calibrating.
+is close to the source's). Its reference, weights and logits checks share one forward of the
+source read from disk, each sample in it twice and each FP8 Linear computing the second copy with
+the output's weight: the source and the output are read once each, and its reload checks the keys
+without a forward (which would decompress the whole model to disk and read it back). A run whose
+weights were read from disk (and every model-free run) reloads the same way, so verifying needs
+no more memory than calibrating.
 
 A failure raises VerificationError naming the check, the numbers and the fix; the flow then
 publishes nothing. Either way the results go to the log, ClearML and a Prefect artifact.
