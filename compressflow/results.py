@@ -286,13 +286,16 @@ class Calibration(BaseModel):
     layers: list[LayerTime] = Field(
         default_factory=list, description="Seconds per subgraph, for every algorithm."
     )
-    reference_seconds: float = Field(
-        default=0.0, description="Time spent capturing the base model's reference logits."
+    reference_seconds: float | None = Field(
+        default=None,
+        description="Time spent capturing the base model's reference logits; None on the "
+        "model-free path, whose verify pass takes them.",
     )
     reference_path: str | None = Field(
         default=None,
         description="The base model's logits on the verification texts, captured before "
-        "calibration changed the model (a file beside the staging folder, never published).",
+        "calibration changed the model (a file beside the staging folder, never published); "
+        "None on the model-free path, which leaves the source as it is.",
     )
     resumed_from: str | None = Field(
         default=None,

@@ -141,8 +141,7 @@ def publish(
         stages=stages,
         calibration_seconds=round(calibration.seconds, 3),
         resumed_from=calibration.resumed_from,
-        # None on the model-free path: verify takes the reference in its own pass and seconds.
-        reference_seconds=calibration.reference_seconds if calibration.reference_path else None,
+        reference_seconds=calibration.reference_seconds,
         peak_rss_mb=calibration.peak_rss_mb,
         peak_gpu_mb=calibration.peak_gpu_mb,
         modules=calibration.modules,
