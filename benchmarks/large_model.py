@@ -13,7 +13,7 @@ four runs, each a whole separate process (peak RSS is the process's own, from `o
 
 After the flow's model-free run, a process of its own (so the flow's peak and wall do not hold
 it) repeats each step that reads weights on the published output and counts the bytes every
-`safetensors` read returns (compressed-tensors' disk cache reads through it too): the reference
+`safetensors` read returns (compressed-tensors' disk cache reads through it too):
 verify's one pass (the reference, weights and logits together), the rest of its weights check
 and its reload; the last design's separate streamed reference pass; and the first design: a
 reference pass on the source loaded with its weights on disk, the weights check reading both

@@ -154,10 +154,11 @@ def logits_of(model, samples: list[list[int]], tokens_per_forward: int = TOKENS_
 
 def logits_streamed(model, samples: list[list[int]], forward=None):
     """`logits_of` a streamed model (compressflow/model/streaming.py), or `forward(model,
-    samples)`'s; None, with a warning that says why, when there is none or its forward failed: streaming only saves reads, so the caller
-    loads the model with transformers and computes the same logits the proven way. (A model
-    whose code reads another module's weights outside that module's call meets them on the meta
-    device; a failure streaming does not foresee must not fail a run that loading would pass.)"""
+    samples)`; None, with a warning that says why, when there is none or its forward failed:
+    streaming only saves reads, so the caller loads the model with transformers and computes the
+    same logits the proven way. (A model whose code reads another module's weights outside that
+    module's call meets them on the meta device; a failure streaming does not foresee must not
+    fail a run that loading would pass.)"""
     if model is None:
         return None
     try:
