@@ -267,3 +267,25 @@ def counted_reads(monkeypatch) -> Counter:
     CountedOpen.reads = Counter()
     monkeypatch.setattr(safetensors, "safe_open", CountedOpen)
     return CountedOpen.reads
+
+
+def model_free_output(source: Path, tmp_path: Path, scheme: str = "FP8_DYNAMIC"):
+    """(output folder, FetchedModel, MemoryPlan) of a model-free run of `source` (a Llama), its
+    weights on disk as the model-free plan places them."""
+    from llmcompressor import model_free_ptq
+
+    from compressflow.results import FetchedModel, MemoryPlan
+
+    out = tmp_path / "fp8"
+    model_free_ptq(str(source), str(out), scheme=scheme, ignore=["lm_head", "re:.*embed_tokens"])
+    model = FetchedModel.model_construct(
+        path=str(source), model_class="LlamaForCausalLM", trust_remote_code=False
+    )
+    plan = MemoryPlan.model_construct(
+        path="model_free",
+        placement="shards",
+        weights_in_memory_bytes=0,
+        offload_folder=str(tmp_path / "offload"),
+        model_free_scheme=scheme,
+    )
+    return out, model, plan

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import model_free_output
 from safetensors.torch import load_file, save_file
 
 from compressflow.errors import ModelFetchError
@@ -139,20 +140,10 @@ def test_nan_in_weights_read_from_disk_is_refused_at_the_reference_logits(nan_mo
 def test_nan_in_a_model_free_source_is_refused_by_verify_naming_the_tensor(nan_model, tmp_path):
     """The model-free path leaves the source as it is, so its reference logits come from verify's
     one pass: a source with NaN is refused there as the source's fault, not the compression's."""
-    from llmcompressor import model_free_ptq
-
     from compressflow.results import Calibration, RenderedRecipe
     from compressflow.tasks.verify import run_checks
 
-    out = tmp_path / "fp8"
-    model_free_ptq(nan_model.path, str(out), scheme="FP8_DYNAMIC", ignore=["lm_head"])
-    plan = MemoryPlan.model_construct(
-        path="model_free",
-        placement="shards",
-        weights_in_memory_bytes=0,
-        offload_folder=str(tmp_path / "offload"),
-        model_free_scheme="FP8_DYNAMIC",
-    )
+    out, _, plan = model_free_output(Path(nan_model.path), tmp_path)
     calibration = Calibration(staging_path=str(out), seconds=1, peak_rss_mb=1, checkpoint_bytes=1)
     recipe = RenderedRecipe.model_construct(
         scheme="FP8_DYNAMIC", modifiers=["QuantizationModifier"]

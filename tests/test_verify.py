@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import model_free_output
 from safetensors.torch import load_file, save_file
 
 from compressflow.demo.zoo import VISION_BUILDERS, ZOO, build_tiny, model_class
@@ -138,29 +139,6 @@ def test_long_held_out_texts_split_into_forwards_under_the_token_budget():
     assert forwards(samples, 62) == [samples[:2], samples[2:]]  # 2 x 31, then 2 x 16
     assert forwards(samples, 8) == [[s] for s in samples]  # each alone, the 31 over budget too
     assert forwards(samples, 4096) == [samples]
-
-
-def model_free_output(tiny_model: Path, tmp_path: Path, scheme: str = "FP8_DYNAMIC"):
-    """(output folder, FetchedModel, MemoryPlan) of a model-free run of the tiny model, its
-    weights on disk as the model-free plan places them."""
-    from llmcompressor import model_free_ptq
-
-    from compressflow.results import FetchedModel, MemoryPlan
-
-    out = tmp_path / "fp8"
-    model_free_ptq(
-        str(tiny_model), str(out), scheme=scheme, ignore=["lm_head", "re:.*embed_tokens"]
-    )
-    model = FetchedModel.model_construct(
-        path=str(tiny_model), model_class="LlamaForCausalLM", trust_remote_code=False
-    )
-    plan = MemoryPlan.model_construct(
-        placement="shards",
-        weights_in_memory_bytes=0,
-        offload_folder=str(tmp_path / "offload"),
-        model_free_scheme=scheme,
-    )
-    return out, model, plan
 
 
 def test_a_reloaded_model_on_disk_reads_each_tensor_once_per_forward(tiny_model, tmp_path):
