@@ -59,8 +59,15 @@ class ChildRun:
     peak_tree_rss_mb: float = 0.0  # the most the whole process tree held at once (PSS, sampled)
 
 
+# Reading one process's PSS costs the kernel about 4 ms (it walks the page tables); a flow's tree
+# of four to six processes read every 50 ms took 30% of a core from the run it measured, and more
+# from the flow than from a one-process bare script. Memory peaks here last seconds (a shard, a
+# layer, a load), so 250 ms still finds them.
+SAMPLE_S = 0.25
+
+
 class TreeSampler(threading.Thread):
-    """Samples the summed PSS of a process and its descendants every 50 ms.
+    """Samples the summed PSS of a process and its descendants every `SAMPLE_S` seconds.
 
     ru_maxrss is per process: a flow whose calibration runs in a child (or a Prefect temporary
     server beside it) would hide memory held by two processes at once. Summing RSS would count
@@ -76,7 +83,7 @@ class TreeSampler(threading.Thread):
     def run(self) -> None:
         import psutil
 
-        while not self.done.wait(0.05):
+        while not self.done.wait(SAMPLE_S):
             try:
                 root = psutil.Process(self.pid)
                 tree = [root, *root.children(recursive=True)]

@@ -11,7 +11,7 @@ Same model, same texts, same recipe (the W4A16 preset), each variant a whole sep
                starts Prefect's temporary local server, as a plain `python script.py` does.
 
 Wall time is the whole process, start to exit; peak RSS is the most its whole process tree held
-at once (sampled every 50 ms: the flow calibrates in a child process, and the temporary server
+at once (sampled every 250 ms: the flow calibrates in a child process, and the temporary server
 is a child too). Medians over `--repeats` rounds; the variants are interleaved within each round.
 
     python -m benchmarks.flow_vs_bare [--repeats 3] [--samples 128] [--max-seq-len 256]
