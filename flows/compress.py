@@ -85,6 +85,9 @@ def compress(
         target: A quality target: the smallest configuration whose held-out perplexity stays
             within max_perplexity_ratio of the base's (0, the default: the recipe as asked).
     """
+    # First: the forkserver's imports (5 s or more) overlap opening the ClearML task and the
+    # cheap stages, instead of starting when the first of them needs a child.
+    warm_up_children()
     inputs = {
         "model": model.model_dump(),
         "dataset": dataset.model_dump(),
@@ -137,7 +140,6 @@ def run_stages(
         "set verify.vllm to auto (check where possible) or off",
     )
     stages = Stages()
-    warm_up_children()  # its imports overlap the cheap stages
     resolved = resolve_inputs(
         stages.run, model, dataset, recipe, output, calibration, target_args=target_args
     )
