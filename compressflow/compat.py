@@ -142,6 +142,21 @@ def model_from_config(cls, config):
     return cls._from_config(config)
 
 
+def headers_state_dict(folder) -> dict:
+    """Every tensor of the safetensors files in `folder`, as an empty meta tensor of its shape
+    and dtype; read from the files' headers.
+
+    Missing upstream: `transformers.modeling_utils.load_state_dict(map_location="meta")` is the
+    only reader that maps safetensors dtypes the way transformers' loader does.
+    """
+    from transformers.modeling_utils import load_state_dict
+
+    state: dict = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        state.update(load_state_dict(str(file), map_location="meta"))
+    return state
+
+
 def no_split_modules(model) -> list[str]:
     """The layer classes transformers keeps whole (the decoder layers), or [].
 

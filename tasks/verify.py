@@ -20,10 +20,11 @@ It reloads the checkpoint from disk the way a server does and checks, cheapest f
 A model-free run is also checked weight by weight (6. weights: every quantized weight, dequantized,
 is close to the source's). Its reference, weights and logits checks share one forward of the
 source read from disk, each sample in it twice and each FP8 Linear computing the second copy with
-the output's weight: the source and the output are read once each, and its reload checks the keys
-without a forward (which would decompress the whole model to disk and read it back). A run whose
-weights were read from disk (and every model-free run) reloads the same way, so verifying needs
-no more memory than calibrating.
+the output's weight: the source and the output are read once each. Its reload then checks the keys
+on the meta device, from the safetensors headers, reading no weight again (a full reload would read
+the output a second time and, with a forward, decompress it to disk and read it back). A run whose
+weights were read from disk reloads with its weights on disk the same way, so verifying needs no
+more memory than calibrating.
 
 A failure raises VerificationError naming the check, the numbers and the fix; the flow then
 publishes nothing. Either way the results go to the log, ClearML and a Prefect artifact.
@@ -52,7 +53,7 @@ from compressflow.model.checkpoint import tensor_index
 from compressflow.model.memory import load_offloaded, stage_offload_folder
 from compressflow.model.serving import serve_and_score
 from compressflow.model.streaming import streamed_model
-from compressflow.model.tracing import unloaded_tensors
+from compressflow.model.tracing import meta_model, unloaded_tensors
 from compressflow.params import DEFAULT_MODEL_CLASS, VerifyArgs
 from compressflow.registries.thresholds import scheme_family
 from compressflow.reporting import tracking
@@ -192,8 +193,13 @@ def check_names(
     return VerificationCheck(name="tensor names", passed=not problems, detail=detail)
 
 
-def reload(staging: Path, model: FetchedModel, plan: MemoryPlan):
-    """The checkpoint as transformers loads it, and a check on what it reported."""
+def reload(staging: Path, model: FetchedModel, plan: MemoryPlan, weights: bool = True):
+    """The checkpoint as transformers loads it, and a check on what it reported.
+
+    `weights=False` loads onto the meta device from the safetensors headers alone, reading no
+    weight: the same key matching, renames and quantizer hooks, for a checkpoint whose weights
+    were read already (the model-free one pass). Returns the meta model then.
+    """
     import transformers
 
     patch_reloads()
@@ -206,14 +212,17 @@ def reload(staging: Path, model: FetchedModel, plan: MemoryPlan):
             offload_buffers=True,
         )
     try:
-        loaded, info = getattr(transformers, model.model_class).from_pretrained(
-            staging,
-            dtype="auto",
-            trust_remote_code=model.trust_remote_code,
-            output_loading_info=True,
-            **offload,
-        )
-        if offload:  # accelerate's hooks -> compressed-tensors' offloading, as calibrate loads
+        if not weights:
+            loaded, info = reload_keys(staging, model)
+        else:
+            loaded, info = getattr(transformers, model.model_class).from_pretrained(
+                staging,
+                dtype="auto",
+                trust_remote_code=model.trust_remote_code,
+                output_loading_info=True,
+                **offload,
+            )
+        if weights and offload:  # accelerate's hooks -> compressed-tensors' offloading
             compat.offloaded_from_accelerate(loaded)
             compat.onload_weights_once(loaded)
     except Exception as exc:  # whatever transformers raises, the checkpoint does not reload
@@ -227,9 +236,32 @@ def reload(staging: Path, model: FetchedModel, plan: MemoryPlan):
     check = VerificationCheck(
         name="reload",
         passed=not problems,
-        detail="; ".join(problems) or f"{type(loaded).__name__}, no missing or unexpected keys",
+        detail=("; ".join(problems) or f"{type(loaded).__name__}, no missing or unexpected keys")
+        + ("" if weights else " (keys from the headers: the weights were checked in the one pass)"),
     )
     return loaded.eval(), check
+
+
+def reload_keys(staging: Path, model: FetchedModel):
+    """`from_pretrained` of the checkpoint's tensors as empty meta tensors: (meta model, info).
+
+    transformers takes a state dict only without a folder, so the class is the concrete one the
+    config names (an Auto class resolves it from a folder).
+    """
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(
+        staging, trust_remote_code=model.trust_remote_code
+    )
+    cls = type(meta_model(config, model.model_class, model.trust_remote_code))
+    return cls.from_pretrained(
+        None,
+        config=config,
+        state_dict=compat.headers_state_dict(staging),
+        dtype="auto",
+        output_loading_info=True,
+        device_map="meta",
+    )
 
 
 def dequantized(read, module: str, keys: set[str]):
@@ -542,7 +574,8 @@ def run_checks(
         refuse_non_finite(base, model, "while verifying its compressed copy")
         reference = {"input_ids": samples, "logits": base}
         checks.append(check_weights(staging, Path(model.path), one_pass and one_pass.errors))
-    loaded, reload_check = reload(staging, model, plan)
+    # The one pass read the output's weights already: its reload checks the keys, reading none.
+    loaded, reload_check = reload(staging, model, plan, weights=one_pass is None)
     checks.append(reload_check)
     logits = one_pass.logits if one_pass else None
     if reference and loaded is not None and logits is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -209,6 +210,61 @@ def test_a_model_free_output_is_checked_in_one_pass_as_the_reloaded_model_comput
     assert compare_logits(source_logits, logits)["kl_divergence"] > 1e-6  # the second did not
     # The same errors check_weights finds reading both checkpoints itself.
     assert check_weights(out, tiny_model).detail == check_weights(out, tiny_model, errors).detail
+
+
+class HeadersOnly:
+    """safetensors.safe_open for transformers' loader that hands out shapes and dtypes only: a
+    read of any tensor's data fails the test."""
+
+    def __init__(self, *args, **kwargs):
+        from safetensors import safe_open
+
+        self.handle = safe_open(*args, **kwargs)
+
+    def __enter__(self):
+        self.handle.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.handle.__exit__(*exc)
+
+    def keys(self):
+        return self.handle.keys()
+
+    def get_slice(self, name):
+        whole = self.handle.get_slice(name)
+        return SimpleNamespace(get_shape=whole.get_shape, get_dtype=whole.get_dtype)
+
+    def get_tensor(self, name):
+        pytest.fail(f"read {name}")
+
+
+def test_a_model_free_reload_checks_the_keys_reading_no_weight(tiny_model, tmp_path, monkeypatch):
+    """After the one pass has read the output's weights, its reload builds the model on the meta
+    device from the safetensors headers: no weight is read a second time, and a tensor the
+    output lacks is still reported as transformers reports it."""
+    import transformers.modeling_utils
+
+    from compressflow.model.checkpoint import tensor_index
+    from compressflow.tasks.verify import reload
+
+    out, model, plan = model_free_output(tiny_model, tmp_path)
+    monkeypatch.setattr(transformers.modeling_utils, "safe_open", HeadersOnly)
+    loaded, check = reload(out, model, plan, weights=False)
+    assert check.passed, check.detail
+    assert {parameter.device.type for parameter in loaded.parameters()} == {"meta"}
+
+    lost = "model.layers.1.mlp.up_proj.weight_scale"
+    shard = tensor_index(out)[lost].file
+    tensors = load_file(shard)
+    del tensors[lost]
+    save_file(tensors, shard, metadata={"format": "pt"})
+    if (index := out / "model.safetensors.index.json").exists():
+        data = json.loads(index.read_text())
+        del data["weight_map"][lost]
+        index.write_text(json.dumps(data))
+    _, check = reload(out, model, plan, weights=False)
+    assert not check.passed and "missing keys" in check.detail and lost in check.detail
 
 
 def test_a_linear_fed_its_rows_out_of_order_turns_the_one_pass_down(
