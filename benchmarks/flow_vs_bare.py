@@ -225,6 +225,8 @@ def run_round(r: int, work: Path, inputs, env, api_url, args) -> dict[str, Child
         temp_env = flow_env(env, folder / "temp", None)
         run("flow cold (temp server)", "flow", folder / "temp" / "out", temp_env)
         run("flow warm (temp server)", "flow", folder / "temp" / "out", temp_env)
+    if runs["flow cold"].result.get("reused"):  # a --workdir an earlier benchmark used
+        raise RuntimeError(f"round {r}: the cold run reused a published output; empty {folder}")
     if not runs["flow warm"].result.get("reused"):
         raise RuntimeError(f"round {r}: the warm run calibrated again; see {folder}")
     return runs
