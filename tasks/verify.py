@@ -237,7 +237,7 @@ def reload(staging: Path, model: FetchedModel, plan: MemoryPlan, weights: bool =
         name="reload",
         passed=not problems,
         detail=("; ".join(problems) or f"{type(loaded).__name__}, no missing or unexpected keys")
-        + ("" if weights else " (keys from the headers: the weights were checked in the one pass)"),
+        + ("" if weights else " (checked from the headers)"),
     )
     return loaded.eval(), check
 
