@@ -79,7 +79,7 @@ def test_verification_failure_of_a_preset_names_recipe_preset(tmp_path, monkeypa
         (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
     # The checkpoint reloads, but config.json lacks the quantization config the recipe implies.
     reloaded = VerificationCheck(name="reload", passed=True, detail="clean")
-    monkeypatch.setattr(verify_module, "reload", lambda *args: (None, reloaded))
+    monkeypatch.setattr(verify_module, "reload", lambda *args, **kwargs: (None, reloaded))
     # The checks run here, not in a child, so the stand-in reload above is the one called.
     monkeypatch.setattr(verify_module, "in_child", lambda function, *args: function(*args))
     monkeypatch.setattr(verify_module, "create_markdown_artifact", lambda *args, **kwargs: None)
