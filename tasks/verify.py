@@ -212,9 +212,7 @@ def reload(staging: Path, model: FetchedModel, plan: MemoryPlan, weights: bool =
             offload_buffers=True,
         )
     try:
-        if not weights:
-            loaded, info = reload_keys(staging, model)
-        else:
+        if weights:
             loaded, info = getattr(transformers, model.model_class).from_pretrained(
                 staging,
                 dtype="auto",
@@ -222,9 +220,11 @@ def reload(staging: Path, model: FetchedModel, plan: MemoryPlan, weights: bool =
                 output_loading_info=True,
                 **offload,
             )
-        if weights and offload:  # accelerate's hooks -> compressed-tensors' offloading
-            compat.offloaded_from_accelerate(loaded)
-            compat.onload_weights_once(loaded)
+            if offload:  # accelerate's hooks -> compressed-tensors' offloading, as calibrate
+                compat.offloaded_from_accelerate(loaded)
+                compat.onload_weights_once(loaded)
+        else:
+            loaded, info = reload_keys(staging, model)
     except Exception as exc:  # whatever transformers raises, the checkpoint does not reload
         detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return None, VerificationCheck(name="reload", passed=False, detail=detail)
