@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import model_free_output
+from conftest import CountedOpen, model_free_output
 from safetensors.torch import load_file, save_file
 
 from compressflow.demo.zoo import VISION_BUILDERS, ZOO, build_tiny, model_class
@@ -212,24 +212,9 @@ def test_a_model_free_output_is_checked_in_one_pass_as_the_reloaded_model_comput
     assert check_weights(out, tiny_model).detail == check_weights(out, tiny_model, errors).detail
 
 
-class HeadersOnly:
+class HeadersOnly(CountedOpen):
     """safetensors.safe_open for transformers' loader that hands out shapes and dtypes only: a
     read of any tensor's data fails the test."""
-
-    def __init__(self, *args, **kwargs):
-        from safetensors import safe_open
-
-        self.handle = safe_open(*args, **kwargs)
-
-    def __enter__(self):
-        self.handle.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self.handle.__exit__(*exc)
-
-    def keys(self):
-        return self.handle.keys()
 
     def get_slice(self, name):
         whole = self.handle.get_slice(name)
