@@ -7,7 +7,10 @@ It reloads the checkpoint from disk the way a server does and checks, cheapest f
    packed: same size as the original, and vLLM reads it as unquantized);
 2. tensor names: every saved tensor belongs to a module of the source checkpoint, and every
    source tensor is still there (vLLM's loaders map checkpoints by the source's names), except
-   those transformers does not load (old `rotary_emb.inv_freq` buffers, tied copies);
+   those transformers does not load (old `rotary_emb.inv_freq` buffers, tied copies); a tensor
+   saved under a source name has the source's shape (read from the headers: a reload of a
+   compressed-tensors checkpoint does not report a wrong-shaped norm or weight, and the
+   model-free path's one pass uses the source's copies of the unquantized tensors);
 3. reload: transformers loads it with no missing, unexpected or mismatched keys (a missing key is
    silently initialised at random);
 4. logits: on held-out texts its next-token logits agree with the base model's, captured before
@@ -92,11 +95,14 @@ FIELDS = {
 # relative error stays far below that; a wrong scale or layout lands near or above 100%.
 MAX_WEIGHT_ERROR = 0.1
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2")  # as safetensors headers name them
+# Name parts of quantization parameters (weight_scale, input_zero_point, weight_g_idx...).
+QUANTIZATION_PARAMETERS = ("scale", "zero_point", "g_idx")
 FIXES = {
     "quantization config": "the quantized modules were saved unpacked (often a Linear subclass "
     "compressed-tensors does not recognise); report the architecture, and meanwhile use a recipe "
     "whose targets name the module classes, or set output.save_compressed true",
-    "tensor names": "the saved names must match the source checkpoint's for vLLM to load it; "
+    "tensor names": "the saved names and shapes must match the source checkpoint's for vLLM to "
+    "load it; "
     "report the architecture (compressflow/registries/architectures.py holds per-family rules)",
     "reload": "the checkpoint does not reload cleanly; check the listed keys, and add their "
     "modules to the recipe's ignore list (a preset's: recipe_args `ignore`) if they should stay "
@@ -112,11 +118,6 @@ FIXES = {
     "weights": "the model-free path wrote weights that do not dequantize to the source's: set "
     "calibration.path to classic, and report the model and scheme",
 }
-
-
-def safetensors_names(folder: Path) -> set[str] | None:
-    """Tensor names from the safetensors headers (no weights read); None when there are none."""
-    return set(tensor_index(folder)) or None
 
 
 def check_quantization_config(staging: Path, recipe: RenderedRecipe) -> VerificationCheck:
@@ -154,14 +155,15 @@ def check_names(
     model_class: str = DEFAULT_MODEL_CLASS,
     trust_remote_code: bool = False,
 ) -> VerificationCheck:
-    """Saved tensors map onto source modules, and no source tensor went missing.
+    """Saved tensors map onto source modules, those under source names keep the source's
+    shapes, and no source tensor went missing.
 
     Source tensors transformers never loads as weights of their own (old `rotary_emb.inv_freq`
     buffers, tied `lm_head.weight` copies, names the class ignores) cannot be saved again: they
     are not held against the output.
     """
-    saved, original = safetensors_names(staging), safetensors_names(source)
-    if saved is None or original is None:
+    saved, original = tensor_index(staging), tensor_index(source)  # headers: no weight read
+    if not saved or not original:
         return VerificationCheck(
             name="tensor names", passed=True, detail="skipped: not a safetensors checkpoint"
         )
@@ -179,15 +181,31 @@ def check_names(
     )
     dropped = sorted(
         name
-        for name in original - unloaded
+        for name in original.keys() - unloaded
         if name not in saved and owner(name) not in saved_modules
     )
+    # A quantized weight is saved under a new name (weight_packed) or keeps its shape (FP8);
+    # quantization parameters of a source quantized already may change shape legitimately.
+    reshaped = sorted(
+        name
+        for name in saved.keys() & original.keys()
+        if saved[name].shape != original[name].shape
+        and not any(part in name.rsplit(".", 1)[-1] for part in QUANTIZATION_PARAMETERS)
+    )
     problems = []
+    if reshaped:
+        first = reshaped[0]
+        problems.append(
+            f"{len(reshaped)} tensor(s) saved with another shape than the source's, e.g. {first} "
+            f"{list(saved[first].shape)} saved, {list(original[first].shape)} in the source"
+        )
     if unknown:
         problems.append(f"{len(unknown)} saved name(s) not in the source, e.g. {unknown[:3]}")
     if dropped:
         problems.append(f"{len(dropped)} source tensor(s) missing, e.g. {dropped[:3]}")
-    detail = "; ".join(problems) or f"{len(saved)} tensors, all on source modules"
+    detail = "; ".join(problems) or (
+        f"{len(saved)} tensors, all on source modules, in the source's shapes"
+    )
     if unloaded:
         detail += f"; {len(unloaded)} source tensor(s) transformers does not load, not expected"
     return VerificationCheck(name="tensor names", passed=not problems, detail=detail)

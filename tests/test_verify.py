@@ -79,6 +79,36 @@ def test_tensor_names_must_map_onto_the_source(tiny_model, tmp_path):
 
 
 @pytest.mark.parametrize(
+    "name", ["model.norm.weight", "model.layers.0.mlp.up_proj.weight", "lm_head.weight"]
+)
+def test_a_tensor_saved_under_a_source_name_keeps_the_source_shape(tiny_model, tmp_path, name):
+    """A wrong-shaped norm or weight reloads with no mismatched keys from a compressed-tensors
+    checkpoint, and the model-free one pass reads the source's copy: only the headers tell."""
+    source = Path(tiny_model)
+    output = tmp_path / "output"
+    shutil.copytree(source, output)
+    tensors = load_file(output / "model.safetensors")
+    tensors[name] = tensors[name][:-1].clone()  # one row short
+    save_file(tensors, output / "model.safetensors")
+    check = check_names(output, source)
+    assert not check.passed
+    rows, *rest = load_file(source / "model.safetensors")[name].shape
+    assert f"{name} {[rows - 1, *rest]} saved, {[rows, *rest]} in the source" in check.detail
+
+
+def test_quantization_parameters_may_change_shape(tiny_model, tmp_path):
+    """Scales of a source quantized already are the output's own (per tensor -> per channel)."""
+    source, output = tmp_path / "source", tmp_path / "output"
+    shutil.copytree(tiny_model, source)
+    shutil.copytree(tiny_model, output)
+    for folder, shape in ((source, (1,)), (output, (64, 1))):
+        tensors = load_file(folder / "model.safetensors")
+        tensors["model.layers.0.mlp.up_proj.weight_scale"] = torch.ones(shape)
+        save_file(tensors, folder / "model.safetensors")
+    assert check_names(output, source).passed
+
+
+@pytest.mark.parametrize(
     ("shape", "scale_shape"),
     [
         ((384, 128), (3, 1)),  # 128 x 128 blocks, one block column: not a per-row scale
