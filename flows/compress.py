@@ -44,6 +44,7 @@ from compressflow.runtime.stages import Stages
 from compressflow.store.locks import output_lock
 from compressflow.store.manifest import (
     find_published,
+    flushing,
     remove_leftovers,
     remove_staging,
     staging_path,
@@ -193,9 +194,11 @@ def run_stages(
                     target_args,
                     calibrate_into_staging,
                 )
-            verification = stages.run(
-                verify, calibrated, resolved.model, chosen, plan, verify_args, str(target)
-            )
+            # The checkpoint goes to disk while verify reads it from the page cache.
+            with flushing(Path(calibrated.staging_path)):
+                verification = stages.run(
+                    verify, calibrated, resolved.model, chosen, plan, verify_args, str(target)
+                )
             checkpoint, upstream = publish_lineage(
                 resolved.model, resolved.dataset, target, recipe.label()
             )
