@@ -61,6 +61,7 @@ from compressflow.params import DEFAULT_MODEL_CLASS, VerifyArgs
 from compressflow.registries.thresholds import scheme_family
 from compressflow.reporting import tracking
 from compressflow.reporting.artifacts import artifact_key, display_name, logit_figures
+from compressflow.reporting.model_card import verification_list
 from compressflow.reporting.quality import (
     TOKENS_PER_FORWARD,
     compare_logits,
@@ -551,21 +552,13 @@ def check_vllm(
     return VerificationCheck(name=name, passed=passed, detail=detail), served
 
 
-def bold_failure(verdict: str) -> str:
-    return f"**{verdict}**" if verdict == "FAIL" else verdict
-
-
 def verification_markdown(result: Verification, target: str, name: str) -> str:
-    rows = "\n".join(
-        f"| {check.name} | {bold_failure(check.verdict())} | {check.detail} |"
-        for check in result.checks
-    )
     verdict = "passed" if result.passed else "FAILED: not published"
     figures = logit_figures(result)
     return (
         f"# Verification of {name}: {verdict}\n\n`{target}`\n\n"
         + (f"Against the base model: {figures}.\n\n" if figures else "")
-        + f"| check | result | detail |\n|---|---|---|\n{rows}\n"
+        + verification_list(result)
     )
 
 

@@ -11,8 +11,10 @@ from compressflow.reporting.model_card import (
     EVALUATION_START,
     add_evaluation,
     source_license,
+    verification_list,
     with_evaluation,
 )
+from compressflow.results import Verification, VerificationCheck
 
 
 def test_the_license_comes_from_the_sources_own_card(tmp_path):
@@ -64,3 +66,20 @@ def test_a_symlinked_card_is_not_followed(w4a16_run, tmp_path):
     (folder / CARD).unlink()
     (folder / CARD).symlink_to(elsewhere)
     assert not add_evaluation(folder, "section") and elsewhere.read_text() == "not ours"
+
+
+def test_verification_is_a_list_a_long_or_odd_detail_cannot_break():
+    """A table cell does not wrap in Prefect's artifact view, and a library's `|` or newline
+    would end a row: one line per check, its detail on one line, a failure in bold."""
+    long = "cosine 0.9981 (min 0.9), KL 0.0147 nats (max 0.0864), " * 4
+    checks = [
+        VerificationCheck(name="logits", passed=True, detail=long),
+        VerificationCheck(name="reload", passed=False, detail="ValueError: a | b\nc"),
+        VerificationCheck(name="vllm", passed=False, checked=False, detail="no kernel"),
+    ]
+    text = verification_list(Verification(passed=False, checks=checks, seconds=1.0))
+    assert text.splitlines() == [
+        f"- **logits**: pass: {long.strip()}",
+        "- **reload**: **FAIL**: ValueError: a | b c",
+        "- **vllm**: not checked here: no kernel",
+    ]

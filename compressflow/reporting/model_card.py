@@ -55,19 +55,18 @@ def vllm_line(served: ServingCheck | None) -> str:
     )
 
 
-def cell(text: str) -> str:
-    """Text inside a table cell: a `|` in a library's message would end the cell."""
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def verification_rows(verification: Verification | None) -> str:
+def verification_list(verification: Verification | None) -> str:
+    """One line per check, a failure in bold: a list, not a table, because a table does not
+    wrap a long detail in Prefect's artifact view (the logits and vLLM lines were cut off)."""
     if verification is None:
         return "Not verified.\n"
-    rows = "\n".join(
-        f"| {check.name} | {check.verdict()} | {cell(check.detail)} |"
-        for check in verification.checks
-    )
-    return f"| check | result | detail |\n|---|---|---|\n{rows}\n"
+    lines = []
+    for check in verification.checks:
+        verdict = check.verdict()
+        verdict = f"**{verdict}**" if verdict == "FAIL" else verdict
+        detail = " ".join(check.detail.split())  # a library's message may hold newlines
+        lines.append(f"- **{check.name}**: {verdict}: {detail}")
+    return "\n".join(lines) + "\n"
 
 
 def calibration_lines(manifest: Manifest) -> str:
@@ -162,7 +161,7 @@ def card_body(
         f"{run}"
         f"- **Run key**: `{result.run_key}`, published {manifest.created_at}\n\n"
         f"{target_section(manifest.target)}"
-        f"## Verification\n\n{verification_rows(manifest.verification)}\n"
+        f"## Verification\n\n{verification_list(manifest.verification)}\n"
         "## Serve it\n\n"
         f"```bash\nvllm serve {shlex.quote(str(folder))}\n```\n\n"
         f"Made with {libraries or 'compressflow'}; `manifest.json` holds every figure above and "
