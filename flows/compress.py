@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from prefect import flow, tags
+from prefect import flow
 
 from compressflow.blocks.clearml_settings import load_clearml_settings
 from compressflow.flows.checks import check_before_calibration, resolve_inputs
@@ -98,17 +98,17 @@ def compress(
         "calibration": calibration.model_dump(),
         "target": target.model_dump(),
     }
-    run_tags = add_run_tags([*output.tags, recipe.label()])
-    with (
-        tags(*run_tags),
-        track_flow_run(
-            tracking,
-            load_clearml_settings(tracking.clearml_block),
-            compress_run_name(model, recipe),
-            output.tags,
-            inputs,
-        ) as tracker,
-    ):
+    # The flow run only, not its task runs: Prefect asks the server for a concurrency slot of
+    # every tag of every task run, which on its SQLite backend took 2 s after a long stage
+    # ("database is locked", retried; benchmarks/README.md).
+    add_run_tags([*output.tags, recipe.label()])
+    with track_flow_run(
+        tracking,
+        load_clearml_settings(tracking.clearml_block),
+        compress_run_name(model, recipe),
+        output.tags,
+        inputs,
+    ) as tracker:
         published = run_stages(model, dataset, recipe, output, verify, calibration, inputs, target)
         # Emitted for new and reused outputs alike: compressflow/runtime/events.py says why.
         emit_published(published, model, output.auto_evaluate)

@@ -94,6 +94,7 @@ def materializations(client, flow_run_id, timeout: float = 30.0) -> list[dict]:
 
 def test_a_run_is_named_and_tagged_after_its_model_and_shows_lineage(tiny_model, w4a16_run):
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     target = Path(w4a16_run.params["output"].save_directory)
     state = w4a16_run.state
@@ -102,6 +103,13 @@ def test_a_run_is_named_and_tagged_after_its_model_and_shows_lineage(tiny_model,
         run = client.read_flow_run(flow_run_id)
         assert run.name == f"{tiny_model.name} W4A16"
         assert {"nightly", "team-a", "W4A16"} <= set(run.tags)
+        # Task runs carry none: Prefect would ask the server for a concurrency slot per tag of
+        # each, 2 s after a long stage on SQLite (flows/compress.py).
+        task_runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        )
+        assert {t.name.rsplit("-", 1)[0] for t in task_runs} >= {"calibrate", "verify", "publish"}
+        assert all(not t.tags for t in task_runs)
         events = materializations(client, flow_run_id)
     [event] = [e for e in events if e["event"].endswith("succeeded")]
     assert event["resource"]["prefect.resource.id"] == f"file://{target.resolve()}"

@@ -36,21 +36,20 @@ def current_parameters() -> dict[str, Any]:
     return dict(flow_run.parameters or {})
 
 
-def add_run_tags(tags: list[str]) -> list[str]:
+def add_run_tags(tags: list[str]) -> None:
     """Add `tags` to the running flow run (a deployment's run gets only the deployment's tags)."""
     from prefect.client.orchestration import get_client
     from prefect.runtime import flow_run
 
     wanted = [tag for tag in dict.fromkeys(tags) if tag]
     if not flow_run.id or not wanted:
-        return wanted
+        return
     try:
         with get_client(sync_client=True) as client:
             current = client.read_flow_run(flow_run.id).tags
             client.update_flow_run(flow_run.id, tags=list(dict.fromkeys([*current, *wanted])))
     except Exception as exc:  # presentation only: the run goes on untagged
         run_logger(__name__).warning("Could not tag the flow run with %s: %s", wanted, exc)
-    return wanted
 
 
 # ---------------------------------------------------------------- assets
