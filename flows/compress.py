@@ -44,7 +44,6 @@ from compressflow.runtime.stages import Stages
 from compressflow.store.locks import output_lock
 from compressflow.store.manifest import (
     find_published,
-    flushing,
     remove_leftovers,
     remove_staging,
     staging_path,
@@ -194,11 +193,9 @@ def run_stages(
                     target_args,
                     calibrate_into_staging,
                 )
-            # The checkpoint goes to disk while verify reads it from the page cache.
-            with flushing(Path(calibrated.staging_path)):
-                verification = stages.run(
-                    verify, calibrated, resolved.model, chosen, plan, verify_args, str(target)
-                )
+            verification = stages.run(
+                verify, calibrated, resolved.model, chosen, plan, verify_args, str(target)
+            )
             checkpoint, upstream = publish_lineage(
                 resolved.model, resolved.dataset, target, recipe.label()
             )

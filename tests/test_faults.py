@@ -32,7 +32,7 @@ from compressflow.store.disk_space import (
     disk_full_is_clear,
 )
 from compressflow.store.locks import lock_path, output_lock, read_holder
-from compressflow.store.manifest import flushing, reference_path
+from compressflow.store.manifest import reference_path
 from compressflow.tasks.fetch_model import fetch
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -433,54 +433,6 @@ def test_disk_full_while_saving_publishes_nothing(tiny_model, tmp_path):
 
 
 # --- A hub that answers 503 ------------------------------------------------------------------
-
-
-def test_flushing_writes_staging_while_verify_runs_and_leaves_a_failed_write_to_seal(
-    tmp_path, monkeypatch
-):
-    """The staged checkpoint goes to disk beside verify; a write that fails there is not raised
-    (seal fsyncs again and reports it), and the thread stops when the block ends."""
-    from compressflow.store import manifest
-
-    staging = tmp_path / "staging"
-    (staging / "sub").mkdir(parents=True)
-    names = ["a.safetensors", "b.safetensors", "sub/c.json"]
-    for name in names:
-        (staging / name).write_bytes(b"x" * 1000)
-    synced: list[str] = []
-    real_fsync = os.fsync
-
-    def fsync(fd: int) -> None:
-        synced.append(Path(os.readlink(f"/proc/self/fd/{fd}")).name)
-        real_fsync(fd)
-
-    monkeypatch.setattr(manifest.os, "fsync", fsync)
-    with flushing(staging):
-        deadline = time.monotonic() + 10
-        while len(synced) < len(names) and time.monotonic() < deadline:
-            time.sleep(0.01)
-    assert sorted(synced) == sorted(Path(name).name for name in names)
-
-    def failing(fd: int) -> None:
-        synced.append("failed")
-        raise OSError(errno.EIO, "Input/output error")
-
-    synced.clear()
-    monkeypatch.setattr(manifest.os, "fsync", failing)
-    raised: list = []
-    monkeypatch.setattr(threading, "excepthook", raised.append)
-    with flushing(staging):
-        deadline = time.monotonic() + 10
-        while not synced and time.monotonic() < deadline:
-            time.sleep(0.01)
-    assert synced == ["failed"] and not raised  # stopped at the first failure, quietly
-
-    # A block that ends at once: the thread is joined, nothing runs after it.
-    with flushing(staging):
-        pass
-    count = len(synced)
-    time.sleep(0.1)
-    assert len(synced) == count
 
 
 @pytest.fixture()

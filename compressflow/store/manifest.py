@@ -21,10 +21,7 @@ import json
 import os
 import re
 import shutil
-import threading
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -395,35 +392,12 @@ def delete_output(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def _fsync_tree(folder: Path, stop: threading.Event | None = None) -> None:
+def _fsync_tree(folder: Path) -> None:
     # Without this a power loss after the rename can publish a folder of empty files.
     for file in folder.rglob("*"):
-        if stop is not None and stop.is_set():
-            return
         if file.is_file():
             with file.open("rb") as handle:
                 os.fsync(handle.fileno())
-
-
-@contextmanager
-def flushing(staging: Path) -> Iterator[None]:
-    """Write `staging`'s files to disk in a thread while the block runs, so that seal's fsync
-    finds them written: verify reads the checkpoint from the page cache meanwhile (the fsync of a
-    0.52 GB output was 2.8 s of publish). When the block ends the thread stops at the next file;
-    seal syncs the rest and is where a failed write (a full or failing disk) is reported."""
-    stop = threading.Event()
-
-    def flush() -> None:
-        with suppress(OSError):  # seal's own fsync meets it again, and fails the run there
-            _fsync_tree(staging, stop)
-
-    worker = threading.Thread(target=flush, name="flush staging", daemon=True)
-    worker.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        worker.join()
 
 
 def seal(staging: Path, target: Path, overwrite: bool) -> None:
