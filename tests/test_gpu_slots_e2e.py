@@ -57,7 +57,16 @@ def completed(client, prefect_stack, run):
     assert run.state.is_completed(), f"{run.name} ended {run.state}\n" + prefect_stack.tail(
         "worker-gpu"
     )
-    return slot_log(client, run.id)
+    # The run's logs reach the API in batches, and may land after its final state: a run that
+    # calibrated says "Released" before verify and publish, which take a few seconds.
+    deadline = time.monotonic() + 30
+    while (
+        "Released" not in (log := slot_log(client, run.id))
+        and "Calibrating" in log
+        and time.monotonic() < deadline
+    ):
+        time.sleep(1)
+    return log
 
 
 def test_two_runs_on_a_one_gpu_host_calibrate_one_after_the_other(
