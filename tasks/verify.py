@@ -103,8 +103,8 @@ FIXES = {
     "compressed-tensors does not recognise); report the architecture, and meanwhile use a recipe "
     "whose targets name the module classes, or set output.save_compressed true",
     "tensor names": "the saved names and shapes must match the source checkpoint's for vLLM to "
-    "load it; "
-    "report the architecture (compressflow/registries/architectures.py holds per-family rules)",
+    "load it; report the architecture (compressflow/registries/architectures.py holds "
+    "per-family rules)",
     "reload": "the checkpoint does not reload cleanly; check the listed keys, and add their "
     "modules to the recipe's ignore list (a preset's: recipe_args `ignore`) if they should stay "
     "unquantized",
