@@ -17,7 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compressflow.model.hardware import refuse_fp4_on_float32, refuse_unsupported
+from compressflow.model.hardware import (
+    needs_accelerator,
+    refuse_fp4_on_float32,
+    refuse_unsupported,
+)
 from compressflow.params import (
     CalibrationArgs,
     DatasetArgs,
@@ -66,8 +70,11 @@ def resolve_inputs(
 ) -> Inputs:
     target_args = target_args or TargetArgs()
     rendered = run(render_recipe, recipe)
-    # Not a stage: a check of this worker's hardware (torch's view of it), never cached.
-    in_child(refuse_unsupported, rendered)
+    # Not a stage: a check of this worker's hardware (torch's view of it), never cached. Asked of
+    # torch only for a recipe that needs an accelerator: the child waits for the forkserver's
+    # imports, which cost a reused run 5 s it had no other use for.
+    if needs_accelerator(rendered):
+        in_child(refuse_unsupported, rendered)
     # A target needs the per-module error only GPTQ reports: refused before anything downloads.
     check_searchable(rendered, target_args)
     local = Path(model.model_id).expanduser()

@@ -44,9 +44,14 @@ def _why_none() -> str:
     )
 
 
+def needs_accelerator(recipe: RenderedRecipe) -> list[str]:
+    """The recipe's modifiers that need an accelerator: from their names, without torch."""
+    return [name for name in recipe.modifiers if name in NEEDS_ACCELERATOR]
+
+
 def refuse_unsupported(recipe: RenderedRecipe) -> None:
     """Raise RecipeError if this worker cannot run the recipe's modifiers; before any weights load."""
-    needing = [name for name in recipe.modifiers if name in NEEDS_ACCELERATOR]
+    needing = needs_accelerator(recipe)
     if not needing or accelerator() is not None:
         return
     field = recipe.given_in()
