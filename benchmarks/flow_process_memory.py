@@ -21,18 +21,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import median, print_result, run_child
+from benchmarks.common import median, own_peak_mb, print_result, run_child
 
 VARIANTS = ("trivial flow", "trivial + ClearML", "compress", "compress with pandas")
-
-
-def peak_mb() -> float:
-    return int(re.search(r"VmHWM:\s+(\d+)", Path("/proc/self/status").read_text()).group(1)) / 1024
 
 
 def child(variant: str, model: str, work: Path) -> None:
@@ -65,7 +60,7 @@ def child(variant: str, model: str, work: Path) -> None:
             output={"save_directory": str(work / "out")},
             verify={"vllm": "off"},
         )
-    print_result({"peak_mb": peak_mb(), "pandas": "pandas" in sys.modules})
+    print_result({"peak_mb": own_peak_mb(), "pandas": "pandas" in sys.modules})
 
 
 def main() -> None:
