@@ -31,6 +31,8 @@ def test_stale_paths_and_modules_are_found(tmp_path):
     assert "defines no Nope" in refs.missing_module("compressflow.params" + ".Nope")
     assert refs.missing_module("compressflow.reporting.tracking.open_run") is None
     assert refs.missing_module("tasks.render_recipe.render_recipe") is None
+    # Imported there in a wrapped `from ... import (...)`.
+    assert refs.missing_module("compressflow.flows.checks.needs_accelerator") is None
 
 
 def test_private_library_names_are_refused_outside_the_adapter(tmp_path):

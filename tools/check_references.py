@@ -64,6 +64,7 @@ def missing_path(reference: str) -> str | None:
 def _defines(file: Path, name: str) -> bool:
     pattern = (
         rf"^\s*(?:async def|def|class)\s+{name}\b|^\s*{name}\s*[:=]|^(?:from|import)\s.*\b{name}\b"
+        rf"|^from\s+\S+\s+import\s*\([^)]*\b{name}\b"  # a parenthesized, wrapped import
     )
     return re.search(pattern, file.read_text(), re.M) is not None
 
