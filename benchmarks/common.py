@@ -135,10 +135,14 @@ class AnonPeak(threading.Thread):
         super().__init__(daemon=True)
         self.cgroup, self.peak, self.done = _memory_cgroup(), 0, threading.Event()
 
-    def enter(self) -> None:
-        """In the child, before exec (`Popen(preexec_fn=...)`): join the cgroup."""
+    def watch(self, pid: int) -> None:
+        """Move the child just started into the cgroup and start counting. What it touched
+        before (its interpreter's first milliseconds) stays charged where it was: this kernel
+        moves no charges (`move_charge_at_immigrate` is refused). Not `Popen(preexec_fn=...)`,
+        which is unsafe in a process with threads."""
         if self.cgroup:
-            (self.cgroup / "cgroup.procs").write_text("0")
+            (self.cgroup / "cgroup.procs").write_text(str(pid))
+        self.start()
 
     def run(self) -> None:
         while self.cgroup and not self.done.wait(0.02):
@@ -166,18 +170,13 @@ def run_child(args: list[str], env: dict[str, str], log_path: Path) -> ChildRun:
     load_before = os.getloadavg()[0]
     with log_path.open("w") as log:
         started = time.perf_counter()
-        anon = AnonPeak()
         proc = subprocess.Popen(
-            [sys.executable, "-m", *args],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            preexec_fn=anon.enter,
+            [sys.executable, "-m", *args], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
         )
+        anon = AnonPeak()
+        anon.watch(proc.pid)
         sampler = TreeSampler(proc.pid)
         sampler.start()
-        anon.start()
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - started
         sampler.done.set()
