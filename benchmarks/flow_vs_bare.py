@@ -13,7 +13,10 @@ Same model, same texts, same recipe (the W4A16 preset), each variant a whole sep
 Wall time is the whole process, start to exit; peak memory is the most its whole process tree
 held at once (the flow calibrates in a child process, and the temporary server is a child too):
 summed PSS sampled every 250 ms, and anonymous memory counted exactly in a cgroup
-(`common.AnonPeak`); each process's own exact peak is printed too. Medians over `--repeats` rounds; the variants are interleaved within each round.
+(`common.AnonPeak`); each process's own exact peak is printed too. Medians over `--repeats`
+rounds; the variants are interleaved within each round. At the default size either side's peak
+moves by up to 0.6 GB between identical runs (glibc's malloc keeps freed activations in whatever
+order they are freed: benchmarks/README.md), so read the memory ratio over several rounds.
 
     python -m benchmarks.flow_vs_bare [--repeats 3] [--samples 128] [--max-seq-len 256]
 
