@@ -34,7 +34,13 @@ from compressflow.results import BuiltDataset, FetchedModel, MemoryPlan, Rendere
 from compressflow.runtime.gpus import refuse_fewer_samples, refuse_too_few
 from compressflow.runtime.isolation import in_child
 from compressflow.store.disk_space import check_free_space
-from compressflow.store.manifest import check_apart, check_target, output_path, run_key
+from compressflow.store.manifest import (
+    check_apart,
+    check_output_path,
+    check_target,
+    output_path,
+    run_key,
+)
 from compressflow.tasks.adapt_recipe import adapt_recipe
 from compressflow.tasks.build_dataset import build_dataset
 from compressflow.tasks.check_traceability import check_traceability
@@ -87,6 +93,7 @@ def resolve_inputs(
     target = output_path(output, fetched, rendered)
     # Whatever `overwrite` says, and before the dataset builds: the source is never written to.
     check_apart(target, Path(fetched.path), calibration.offload_folder)
+    check_output_path(target)
     built = run(build_dataset, dataset, fetched, rendered.needs_data)
     return Inputs(
         recipe=rendered,

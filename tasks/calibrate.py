@@ -68,7 +68,7 @@ from compressflow.runtime.rank import rank_share, this_rank
 from compressflow.runtime.resume import CalibrationCheckpoint, checkpoint_key, expire
 from compressflow.settings import settings
 from compressflow.store.disk_space import disk_full_is_clear, folder_size
-from compressflow.store.manifest import compile_cache_path, reference_path
+from compressflow.store.manifest import compile_cache_path, reference_path, source_folder
 
 _QUANTIZING = re.compile(r"Quantizing \d+ module\(s\): \[(.*)\]")
 _METRIC = re.compile(r"^(time|error)\s+([-+0-9.eE]+|nan|inf)s?$")
@@ -144,10 +144,22 @@ PREPROCESSING = (
 
 
 def copy_preprocessing_files(source: Path, staging: Path) -> None:
+    """Copy the tokenizer's and generation's files the processor's save did not write.
+
+    Only files that are the source's own: a link out of its folder (a hub snapshot's links stay
+    inside its repository's cache folder) could publish any file the worker can read, such as a
+    credentials file, under a tokenizer's name."""
+    home = source_folder(source)
     for pattern in PREPROCESSING:
         for file in source.glob(pattern):
-            if file.is_file() and not (staging / file.name).exists():
-                shutil.copy2(file, staging / file.name)
+            if not file.is_file() or (staging / file.name).exists():
+                continue
+            if home not in file.resolve().parents:
+                run_logger(__name__).warning(
+                    "Not copied: %s links to %s, outside the model's folder", file, file.resolve()
+                )
+                continue
+            shutil.copy2(file, staging / file.name)
 
 
 def load_for_calibration(model: FetchedModel, plan: MemoryPlan):

@@ -39,9 +39,11 @@ from compressflow.results import (
 )
 from compressflow.store.disk_space import disk_full_is_clear
 from compressflow.store.manifest import (
+    MANIFEST,
     Manifest,
     ManifestResult,
     library_versions,
+    published_files,
     published_model,
     read_manifest,
     seal,
@@ -153,6 +155,7 @@ def publish(
     )
     with disk_full_is_clear(staging):
         (staging / "recipe.yaml").write_text(recipe.yaml)
+        manifest.files = published_files(staging, MANIFEST, CARD)
         write_manifest(staging, manifest)
         card = model_card(manifest, target_path, Path(model.path), tracking.current().link())
         (staging / CARD).write_text(card)

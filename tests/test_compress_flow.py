@@ -47,6 +47,10 @@ def assert_published_whole(published, target: Path) -> None:
     assert {"manifest.json", "recipe.yaml", "config.json"} <= {p.name for p in target.iterdir()}
     manifest = json.loads((target / "manifest.json").read_text())
     assert manifest["result"]["run_key"] == published.run_key
+    # What overwriting it may delete: every file published, and nothing else.
+    assert manifest["files"] == sorted(
+        p.relative_to(target).as_posix() for p in target.rglob("*") if not p.is_dir()
+    )
     assert manifest["libraries"]["llmcompressor"] == "0.14.0.1"
     assert published.compression_ratio > 1.5
     assert_reloads_with_finite_logits(published.path)

@@ -4,6 +4,7 @@ by the next run, never a live run's folder nor a user's."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -22,6 +23,7 @@ from compressflow.store.manifest import (
     Manifest,
     ManifestResult,
     check_apart,
+    check_output_path,
     check_target,
     leftover_owner,
     remove_leftovers,
@@ -39,8 +41,9 @@ def dead_pid() -> int:
     return process.pid
 
 
-def an_output(folder: Path, scheme: str = "W4A16") -> Path:
-    """A folder as compressflow publishes it: a checkpoint file and our manifest."""
+def an_output(folder: Path, scheme: str = "W4A16", listed: bool = True) -> Path:
+    """A folder as compressflow publishes it: a checkpoint file and our manifest, which lists
+    them."""
     folder.mkdir(parents=True)
     (folder / "model.safetensors").write_text("an earlier output")
     result = ManifestResult(
@@ -61,6 +64,8 @@ def an_output(folder: Path, scheme: str = "W4A16") -> Path:
         libraries={},
         stages=[],
         peak_rss_mb=0.0,
+        # Manifests before compressflow recorded what it published do not list it.
+        files=[MANIFEST, "model.safetensors"] if listed else None,
     )
     write_manifest(folder, manifest)
     return folder
@@ -214,6 +219,122 @@ def test_sealing_over_an_earlier_output_retires_it_under_our_pid(tmp_path, monke
     assert files(target) == {"config.json": b"{}"}
     assert [leftover_owner(target, f) for f in retired] == [("retired", os.getpid())]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_overwrite_refuses_an_earlier_output_holding_files_it_did_not_publish(tmp_path):
+    target = an_output(tmp_path / "out")
+    (target / "eval").mkdir()
+    (target / "eval" / "results.json").write_text("mine")
+    (target / "notes.md").write_text("mine too")
+    before = files(target)
+    with pytest.raises(PublishError) as raised:
+        check_target(target, "another key", overwrite=True)
+    message = str(raised.value)
+    assert message.startswith("output.save_directory: ")
+    assert (
+        "3 entries the earlier compressflow output did not publish (eval, eval/results.json, "
+        "notes.md); replacing it would delete them"
+    ) in message
+    assert "Fix: move them out of that folder, or choose another save_directory" in message
+    # Added while a run calibrated: sealing checks again and moves nothing.
+    staging = tmp_path / ".out.staging"
+    staging.mkdir()
+    (staging / "config.json").write_text("{}")
+    with pytest.raises(PublishError, match="replacing it would delete them"):
+        seal(staging, target, overwrite=True)
+    assert files(target) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.staging", "out"]
+
+
+def test_overwrite_refuses_an_output_whose_manifest_does_not_list_its_files(tmp_path):
+    target = an_output(tmp_path / "out", listed=False)
+    with pytest.raises(PublishError, match="did not record the files it published") as raised:
+        check_target(target, "another key", overwrite=True)
+    assert "delete it yourself, or choose another save_directory" in str(raised.value)
+
+
+def test_a_manifest_naming_files_outside_its_folder_is_not_ours(tmp_path):
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep")
+    for name in ["../precious.txt", str(precious), "a/../../precious.txt", "./x", ""]:
+        target = an_output(tmp_path / f"out-{abs(hash(name))}")
+        manifest = json.loads((target / MANIFEST).read_text())
+        (target / MANIFEST).write_text(json.dumps({**manifest, "files": [name]}))
+        assert store.read_manifest(target) is None, name
+        with pytest.raises(PublishError, match="compressflow did not publish"):
+            check_target(target, "another key", overwrite=True)
+        store.delete_output(target)
+        assert precious.read_text() == "keep"
+
+
+def test_a_manifest_that_is_a_fifo_is_not_read(tmp_path):
+    target = tmp_path / "out"
+    target.mkdir()
+    os.mkfifo(target / MANIFEST)  # opening it would block until a writer came
+    assert store.read_manifest(target) is None
+    with pytest.raises(PublishError, match="compressflow did not publish"):
+        check_target(target, "key", overwrite=True)
+
+
+def test_deleting_a_retired_output_deletes_only_what_it_published(tmp_path, caplog):
+    folder = an_output(tmp_path / ".out.retired-1-0123abcd")
+    (folder / "added-after-the-check.txt").write_text("mine")
+    (tmp_path / "elsewhere").mkdir()
+    (folder / "link").symlink_to(tmp_path / "elsewhere")
+    with caplog.at_level("WARNING", logger=store.__name__):
+        store.delete_output(folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["added-after-the-check.txt", "link"]
+    assert f"Left {folder}: it holds files the replaced output did not publish" in caplog.text
+    store.delete_output(an_output(tmp_path / "whole"))
+    assert not (tmp_path / "whole").exists()
+
+
+def test_an_output_name_too_long_for_the_runs_working_files_is_refused(tmp_path):
+    longest = 255 - len(".staging-4194304-ffffffff.reference.safetensors") - 1
+    check_output_path(tmp_path / ("n" * longest))
+    with pytest.raises(PublishError) as raised:
+        check_output_path(tmp_path / ("n" * (longest + 1)))
+    message = str(raised.value)
+    assert message.startswith("output.save_directory: its last part, nnnn")
+    assert f"is {longest + 1} bytes long" in message
+    assert f"Fix: choose a save_directory whose last part is at most {longest} bytes" in message
+
+
+def test_an_output_or_offload_folder_under_a_file_is_refused(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("mine")
+    with pytest.raises(PublishError, match=f"{a_file}/out lies under {a_file}, which is a file"):
+        check_output_path(a_file / "out")
+    with pytest.raises(PublishError, match=f"{a_file} is {a_file}, which is a file"):
+        check_output_path(a_file)
+    with pytest.raises(InputError, match=f"calibration.offload_folder: {a_file} is a file"):
+        check_apart(tmp_path / "out", tmp_path / "src", str(a_file))
+    assert a_file.read_text() == "mine"
+
+
+def test_a_tokenizer_file_linking_out_of_the_model_folder_is_not_published(tmp_path):
+    from compressflow.tasks.calibrate import copy_preprocessing_files
+
+    secret = tmp_path / "home" / ".clearml.conf"
+    secret.parent.mkdir()
+    secret.write_text("api { credentials { secret_key: s3cr3t } }")
+    local = tmp_path / "local-model"
+    local.mkdir()
+    (local / "tokenizer_config.json").write_text("{}")
+    (local / "tokenizer_extra.json").symlink_to(secret)
+    # A hub snapshot: its files link into the repository's blobs, which is its own.
+    repo = tmp_path / "hub" / "models--org--name"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "blobs" / "0123").write_text('{"merges": []}')
+    snapshot = repo / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "tokenizer.json").symlink_to(Path("../../blobs/0123"))
+    for source, published in [(local, ["tokenizer_config.json"]), (snapshot, ["tokenizer.json"])]:
+        staging = tmp_path / f"staging-{source.name}"
+        staging.mkdir()
+        copy_preprocessing_files(source, staging)
+        assert sorted(p.name for p in staging.iterdir()) == published
+        assert not any(p.is_symlink() for p in staging.iterdir())
 
 
 # --- Clean after a crash ---------------------------------------------------------------------

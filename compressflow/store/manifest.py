@@ -21,13 +21,15 @@ import json
 import os
 import re
 import shutil
+import stat
 import uuid
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from compressflow.errors import InputError, PublishError
+from compressflow.limits import MAX_JSON_BYTES
 from compressflow.logs import run_logger
 from compressflow.params import (
     CalibrationArgs,
@@ -118,6 +120,23 @@ class Manifest(BaseModel):
         description="Compress to a target: each round's modules left unquantized, held-out "
         "perplexity ratio and size, and the round published.",
     )
+    files: list[str] | None = Field(
+        default=None,
+        description="Every file the run published, relative to the folder, manifest.json "
+        "included: replacing the output deletes these and nothing else. None in manifests "
+        "written before it was recorded; such an output is never replaced.",
+    )
+
+    @field_validator("files")
+    @classmethod
+    def _inside(cls, files: list[str] | None) -> list[str] | None:
+        # A manifest is a file anyone with write access to the folder can edit: the names it
+        # lists are deleted on overwrite, so none may point out of the folder.
+        for name in files or []:
+            path = PurePosixPath(name)
+            if not name or path.is_absolute() or ".." in path.parts or str(path) != name:
+                raise ValueError(f"{name!r} is not a plain path inside the output folder")
+        return files
 
     def base_model_args(self) -> ModelArgs | None:
         """The ModelArgs the compressed model was made from."""
@@ -192,11 +211,49 @@ def output_path(output: OutputArgs, model: FetchedModel, recipe: RenderedRecipe)
 
 def read_manifest(path: Path) -> Manifest | None:
     """The manifest of a published folder; None when the folder holds no compressflow output
-    (no manifest, or one this version cannot read)."""
+    (no manifest, or one this version cannot read: not a regular file, whose open could block,
+    larger than any we write, or not valid)."""
+    file = path / MANIFEST
     try:
-        return Manifest.model_validate_json((path / MANIFEST).read_text())
-    except (FileNotFoundError, NotADirectoryError, ValidationError):
+        found = file.stat()
+        if not stat.S_ISREG(found.st_mode) or found.st_size > MAX_JSON_BYTES:
+            return None
+        return Manifest.model_validate_json(file.read_bytes())
+    except (OSError, ValidationError):
         return None
+
+
+def entries(folder: Path) -> list[str]:
+    """Every file, link and folder under `folder`, relative, links not followed."""
+    found = []
+    for root, folders, files in os.walk(folder):
+        base = PurePosixPath(Path(root).relative_to(folder).as_posix())
+        found += [str(base / name) for name in folders + files]
+    return sorted(found)
+
+
+def published_files(staging: Path, *still_to_write: str) -> list[str]:
+    """What a run publishes: the files in its staging folder and those it writes last."""
+    made = [name for name in entries(staging) if not (staging / name).is_dir()]
+    return sorted({*made, *still_to_write})
+
+
+def not_published(folder: Path, manifest: Manifest) -> list[str] | None:
+    """What lies in `folder` that the run of `manifest` did not publish (a user's notes, an
+    evaluation's results); None when the manifest does not say what it published."""
+    if manifest.files is None:
+        return None
+    ours = set(manifest.files)
+    parents = {str(p) for name in ours for p in PurePosixPath(name).parents if str(p) != "."}
+    return [
+        name
+        for name in entries(folder)
+        if name not in ours and not (name in parents and _real_folder(folder / name))
+    ]
+
+
+def _real_folder(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink()
 
 
 def write_manifest(folder: Path, manifest: Manifest) -> None:
@@ -228,6 +285,7 @@ def check_target(target: Path, key: str, overwrite: bool) -> None:
         return
     manifest = read_manifest(target)
     if manifest and overwrite:
+        refuse_unpublished(target, manifest)
         return
     if manifest:
         raise PublishError(
@@ -243,6 +301,27 @@ def check_target(target: Path, key: str, overwrite: bool) -> None:
         "choose another save_directory, or empty that folder yourself; output.overwrite: true "
         "replaces only an earlier compressflow output, never other files",
     )
+
+
+def refuse_unpublished(target: Path, manifest: Manifest) -> None:
+    """Refuse to replace an earlier output of ours that holds anything it did not publish."""
+    extra = not_published(target, manifest)
+    if extra is None:
+        raise PublishError(
+            "output.save_directory",
+            f"{target} holds an output of an earlier compressflow version, which did not record "
+            "the files it published, so files added since cannot be told from its own",
+            "check that folder holds nothing of yours and delete it yourself, or choose another "
+            "save_directory",
+        )
+    if extra:
+        raise PublishError(
+            "output.save_directory",
+            f"{target} holds {len(extra)} entries the earlier compressflow output did not "
+            f"publish ({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''}); replacing it "
+            "would delete them",
+            "move them out of that folder, or choose another save_directory",
+        )
 
 
 def not_ours(target: Path) -> str:
@@ -288,6 +367,13 @@ def check_apart(target: Path, source: Path, offload: str = "") -> None:
     if not offload:
         return
     folder = Path(offload).expanduser().resolve()
+    if folder.exists() and not folder.is_dir():
+        raise InputError(
+            "calibration.offload_folder",
+            f"{folder} is a file, not a folder",
+            "choose a folder, or leave offload_folder empty for a temporary folder beside the "
+            "output",
+        )
     for other, what in ((source, "the source model's folder"), (target, "the output folder")):
         if (how := relation(folder, other)) in ("is", "lies inside"):
             raise InputError(
@@ -302,7 +388,39 @@ def check_apart(target: Path, source: Path, offload: str = "") -> None:
 def staging_path(target: Path) -> Path:
     """A fresh hidden folder beside `target` (same filesystem, so publishing is one rename)."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    return target.parent / f".{target.name}.staging-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    return target.parent / _staging_name(target, os.getpid(), uuid.uuid4().hex[:8])
+
+
+def _staging_name(target: Path, pid: int, tag: str) -> str:
+    return f".{target.name}.staging-{pid}-{tag}"
+
+
+PID_MAX = 4194304  # Linux's largest pid_max: the longest pid a leftover's name can carry
+
+
+def check_output_path(target: Path) -> None:
+    """Refuse, before any work, an output path a run could not create: one under a file, or a
+    name too long for the names a run gives its working files beside it (the longest is the
+    reference logits') on the filesystem that would hold them."""
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    if not existing.is_dir():
+        raise PublishError(
+            "output.save_directory",
+            f"{target} {'is' if existing == target else 'lies under'} {existing}, which is a "
+            "file, not a folder",
+            "choose a save_directory that is a folder, or under one",
+        )
+    longest = reference_path(target.parent / _staging_name(target, PID_MAX, "f" * 8)).name
+    limit = os.pathconf(existing, "PC_NAME_MAX")
+    if len(os.fsencode(longest)) > limit:
+        spare = limit - (len(os.fsencode(longest)) - len(os.fsencode(target.name)))
+        raise PublishError(
+            "output.save_directory",
+            f"its last part, {target.name[:40]}..., is {len(os.fsencode(target.name))} bytes "
+            f"long: the working files a run keeps beside it add {limit - spare} bytes, past the "
+            f"{limit} bytes a file name can have there",
+            f"choose a save_directory whose last part is at most {spare} bytes",
+        )
 
 
 def reference_path(staging: Path) -> Path:
@@ -315,7 +433,10 @@ def remove_staging(staging: Path) -> None:
     compile cache); what is already gone (published by rename, or removed) is skipped."""
     shutil.rmtree(staging, ignore_errors=True)
     shutil.rmtree(compile_cache_path(staging), ignore_errors=True)
-    reference_path(staging).unlink(missing_ok=True)
+    try:
+        reference_path(staging).unlink(missing_ok=True)
+    except OSError as exc:  # a cleanup's error must not replace the run's own
+        run_logger(__name__).warning("Could not remove %s: %s", reference_path(staging), exc)
 
 
 def compile_cache_path(staging: Path) -> Path:
@@ -381,15 +502,30 @@ def remove_leftovers(target: Path) -> None:
 
 
 def delete_output(folder: Path) -> None:
-    """Delete a retired output, its manifest last: a deletion cut short stays recognisable."""
-    for entry in folder.iterdir():
-        if entry.name == MANIFEST:
+    """Delete a retired output: the files its manifest lists, the manifest last (a deletion cut
+    short stays recognisable), then the folders that held them, once empty. Anything else in it
+    stays, and so does the folder, which the log names."""
+    manifest = read_manifest(folder)
+    if manifest is None or manifest.files is None:
+        run_logger(__name__).warning("Left %s: its manifest does not list its files", folder)
+        return
+    for name in sorted(manifest.files, key=lambda n: n == MANIFEST):
+        path = folder / name
+        # Under a folder that became a link, the name would reach outside the output.
+        if any((folder / p).is_symlink() for p in PurePosixPath(name).parents if str(p) != "."):
             continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
-    shutil.rmtree(folder, ignore_errors=True)
+        if path.is_symlink() or path.is_file():
+            path.unlink(missing_ok=True)
+    held = {folder / p for name in manifest.files for p in PurePosixPath(name).parents}
+    for path in sorted(held, key=lambda p: len(p.parts), reverse=True):
+        try:
+            path.rmdir()
+        except OSError:  # not empty, or not a real folder: not ours to remove
+            pass
+    if folder.exists():
+        run_logger(__name__).warning(
+            "Left %s: it holds files the replaced output did not publish", folder
+        )
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -424,6 +560,7 @@ def seal(staging: Path, target: Path, overwrite: bool) -> None:
             f"{target} was filled by another run while this one calibrated",
             "rerun (it will reuse that output if it matches) or pick another folder",
         )
+    refuse_unpublished(target, manifest)  # files may have been added while this run calibrated
     # The pid lets remove_leftovers tell a killed run's retired folder from a live one's.
     retired = target.parent / f".{target.name}.retired-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     target.rename(retired)
