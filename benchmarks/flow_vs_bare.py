@@ -19,14 +19,21 @@ moves by up to 0.6 GB between identical runs (glibc's malloc keeps freed activat
 order they are freed: benchmarks/README.md), so read the memory ratio over several rounds.
 
     python -m benchmarks.flow_vs_bare [--repeats 3] [--samples 128] [--max-seq-len 256]
+    python -m benchmarks.flow_vs_bare --model yardstick --max-seq-len 128
+
+`--model yardstick` runs the same comparison on the learned-weights yardstick
+(`compressflow.demo.yardstick`, 6 layers, 128 wide), calibrated on its training texts, and then
+scores the base model and both outputs on its held-out texts: the flow's defaults must cost no
+quality against the bare script's. At that size the fixed overhead dominates the cost ratios.
 
 Targets (issue 23, "Costs no more than the bare library"): the cold flow against a bare script,
 same work, llm-compressor's defaults in the script and the memory plan's in the flow: wall <= 1.02,
 peak memory of the whole process tree (summed PSS) <= 1.10; warm <= 10% of cold (the running-server
 case). The fixed overhead (flow minus bare, in seconds and MB) and the flow process's own peak RSS
 (it imports no torch: the work runs in its children) are printed too. Exits 1 when a target is
-missed. The model is a random-weight Llama from `demo.assets` (6 layers, 768 wide) whose bare
-calibration takes over 60 s on 2 CPU cores: time and memory need no learned weights.
+missed. The default model is a random-weight Llama from `demo.assets` (6 layers, 768 wide) whose
+bare calibration takes over 60 s on 2 CPU cores: time and memory need no learned weights, and the
+learned-weights yardstick is too small for the flow's fixed overhead to be small against it.
 """
 
 from __future__ import annotations
@@ -84,8 +91,8 @@ def bare_child(args) -> None:
 
     phases["imports"] = time.perf_counter() - started
     mark = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype="auto")
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model_path, dtype="auto")
+    tokenizer = AutoTokenizer.from_pretrained(args.model_path)
     phases["load"] = time.perf_counter() - mark
 
     mark = time.perf_counter()
@@ -112,7 +119,7 @@ def bare_child(args) -> None:
     model.save_pretrained(args.out, save_compressed=True)
     tokenizer.save_pretrained(args.out)
     phases["save"] = time.perf_counter() - mark
-    print_result({"phases": phases, "process_mb": own_peak_mb()})
+    print_result({"phases": phases, "process_mb": own_peak_mb(), "path": args.out})
 
 
 def flow_child(args) -> None:
@@ -123,7 +130,7 @@ def flow_child(args) -> None:
     imports = time.perf_counter() - started
     mark = time.perf_counter()
     published = compress(
-        model=ModelArgs(model_id=args.model),
+        model=ModelArgs(model_id=args.model_path),
         dataset=DatasetArgs(
             dataset_name=args.data, text_samples=args.samples, max_seq_len=args.max_seq_len
         ),
@@ -142,6 +149,7 @@ def flow_child(args) -> None:
             "reused": published.reused,
             "flow_process_mb": own_peak_mb(),
             "calibration_mb": read_manifest(Path(published.path)).peak_rss_mb,
+            "path": published.path,
         }
     )
 
@@ -149,7 +157,7 @@ def flow_child(args) -> None:
 # --- parent -------------------------------------------------------------------------------------
 
 
-def prepare(work: Path, samples: int, max_seq_len: int) -> tuple[Path, Path, Path]:
+def prepare(work: Path, args) -> tuple[Path, Path, Path]:
     """The model, the texts (each reaching max_seq_len tokens) and the rendered recipe."""
     from transformers import AutoTokenizer
 
@@ -157,12 +165,53 @@ def prepare(work: Path, samples: int, max_seq_len: int) -> tuple[Path, Path, Pat
     from compressflow.params import RecipeArgs
     from compressflow.recipes.render import render
 
-    model = build_tiny_llama(work / "model", model_spec())
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    data = write_jsonl(work / "data.jsonl", long_texts(tokenizer, samples, max_seq_len))
+    if args.model == "yardstick":
+        built = yardstick(work)
+        model, data = built.model, built.calibration
+    else:
+        model = build_tiny_llama(work / "model", model_spec())
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        data = write_jsonl(
+            work / "data.jsonl", long_texts(tokenizer, args.samples, args.max_seq_len)
+        )
     recipe = work / "recipe.yaml"
     recipe.write_text(render(RecipeArgs(preset=PRESET)).yaml)  # what the flow's preset renders to
     return model, data, recipe
+
+
+def yardstick(work: Path):
+    """The learned-weights yardstick, built once under `work` (about 4 minutes) or found there."""
+    from compressflow.demo.yardstick import build_yardstick
+
+    return build_yardstick(work / "yardstick")
+
+
+def report_quality(rounds: list[dict[str, ChildRun]], work: Path) -> None:
+    """Held-out perplexity of the yardstick and of each round's two outputs, for reference: the
+    flow's defaults (memory plan, batch size, sample choice) should cost no quality against the
+    bare script's. Calibration samples differ between the two, so a small spread either way is
+    noise, not a defect."""
+    from transformers import AutoTokenizer
+
+    from compressflow.demo.yardstick import perplexity
+    from compressflow.reporting.quality import load_causal_lm
+
+    built = yardstick(work)
+    tokenizer = AutoTokenizer.from_pretrained(built.model)
+    texts = built.held_out_texts()
+
+    def held_out_ppl(path: Path) -> float:
+        model = load_causal_lm(str(path), "AutoModelForCausalLM", trust_remote_code=False)
+        return perplexity(model, tokenizer, texts, built.spec.seq_len)
+
+    base = held_out_ppl(built.model)
+    print(f"\nheld-out perplexity ({len(texts)} texts): base {base:.4f}")
+    for r, runs in enumerate(rounds, 1):
+        bare, flow = (held_out_ppl(Path(runs[n].result["path"])) for n in ("bare", "flow cold"))
+        print(
+            f"  round {r}: bare script {bare:.4f} ({bare / base:.4f} x base), flow {flow:.4f} "
+            f"({flow / base:.4f} x base); flow / bare {flow / bare:.4f}"
+        )
 
 
 def base_env(work: Path) -> dict[str, str]:
@@ -196,7 +245,7 @@ def child_args(kind: str, model: Path, data: Path, recipe: Path, out: Path, args
         MODULE,
         "--child",
         kind,
-        "--model",
+        "--model-path",
         str(model),
         "--data",
         str(data),
@@ -319,6 +368,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the flow's calibration.batch_size (0: the memory plan's; 1: the bare script's, so "
         "both do the same work and the difference is the flow's own cost)",
     )
+    parser.add_argument(
+        "--model",
+        choices=["random", "yardstick"],
+        default="random",
+        help="random: a 6-layer, 768-wide random-weight Llama; yardstick: the learned-weights "
+        "yardstick, with its held-out perplexity for each output",
+    )
     parser.add_argument("--workdir", help="keep everything here (default: a temporary folder)")
     parser.add_argument(
         "--no-temporary-server",
@@ -327,21 +383,30 @@ def main(argv: list[str] | None = None) -> int:
         help="skip the variants that start Prefect's temporary server",
     )
     parser.add_argument("--child", choices=["bare", "flow"], help=argparse.SUPPRESS)
-    for name in ("--model", "--data", "--recipe-file", "--out"):
+    for name in ("--model-path", "--data", "--recipe-file", "--out"):
         parser.add_argument(name, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         (bare_child if args.child == "bare" else flow_child)(args)
         return 0
+    if args.model == "yardstick":
+        from compressflow.demo.yardstick import YardstickSpec
+
+        seq_len = YardstickSpec().seq_len
+        if args.max_seq_len > seq_len:
+            parser.error(
+                f"--max-seq-len {args.max_seq_len}: the yardstick's texts are {seq_len} tokens "
+                f"long; pass --max-seq-len {seq_len} or less"
+            )
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="compressflow-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     print(
         f"work folder {work}; {args.samples} samples x {args.max_seq_len} tokens, {PRESET}, "
-        f"model {model_spec()}",
+        f"model {args.model if args.model == 'yardstick' else model_spec()}",
         flush=True,
     )
-    inputs = prepare(work, args.samples, args.max_seq_len)
+    inputs = prepare(work, args)
     env = base_env(work)
     server_home = work / "prefect-server"
     server_home.mkdir(exist_ok=True)
@@ -355,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop_server(server)
     met = report(rounds)
+    if args.model == "yardstick":
+        report_quality(rounds, work)
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if met else 1
