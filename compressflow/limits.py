@@ -10,6 +10,7 @@ whole target again) and its depth is capped while it is composed, before anythin
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -103,10 +104,37 @@ def load_yaml(
         loader.dispose()
 
 
+def not_regular(file: Path) -> str | None:
+    """What `file` is when it is not a regular file (symbolic links followed), else None.
+
+    Checked before anything opens a user's file: a FIFO blocks its reader forever, a device
+    (/dev/zero) never ends, and a folder fails as an OSError a fetch would retry.
+    """
+    try:
+        mode = file.stat().st_mode
+    except OSError as exc:  # a dangling or looping symbolic link
+        return f"unreadable ({exc.strerror})"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def _refuse_special(path: Path, field: str, error: type[CompressflowError]) -> None:
+    if kind := not_regular(path):
+        raise error(field, f"{path} is {kind}, not a regular file", "name a regular file")
+
+
 def read_text(
     path: Path, where: str, field: str, error: type[CompressflowError] = InputError
 ) -> str:
     """A user's text file, refused by its size before any of it is read."""
+    _refuse_special(path, field, error)
     size = path.stat().st_size
     if size > MAX_TEXT_BYTES:
         raise error(
@@ -117,6 +145,7 @@ def read_text(
 
 def read_json(path: Path, field: str, error: type[CompressflowError] = InputError) -> Any:
     """A JSON file from a user's model (config.json, a shard index), capped before it is read."""
+    _refuse_special(path, field, error)
     size = path.stat().st_size
     if size > MAX_JSON_BYTES:
         raise error(
@@ -185,3 +214,23 @@ def check_data(
         return nodes, chars
 
     return within(*size_of(value, 0))
+
+
+# Ceilings on a model config's core sizes, checked before the model is built on the meta device:
+# far above any real model (Llama 3.1 405B: 126 layers, hidden 16384, intermediate 53248;
+# vocabularies reach ~262k; Llama 4 Scout reads 10M positions), yet low enough that what a meta
+# build still allocates for real (rotary buffers sized by head_dim, a module object per layer)
+# stays small.
+MAX_CONFIG_LAYERS = 1_000  # num_hidden_layers: 5,000 took 143 s to build on the meta device
+MAX_CONFIG_SIZE = 1_000_000  # hidden, intermediate, head and vocabulary sizes, head counts
+MAX_CONFIG_POSITIONS = 100_000_000  # max_position_embeddings
+CONFIG_CEILINGS = {
+    "num_hidden_layers": MAX_CONFIG_LAYERS,
+    "hidden_size": MAX_CONFIG_SIZE,
+    "intermediate_size": MAX_CONFIG_SIZE,
+    "num_attention_heads": MAX_CONFIG_SIZE,
+    "num_key_value_heads": MAX_CONFIG_SIZE,
+    "head_dim": MAX_CONFIG_SIZE,
+    "vocab_size": MAX_CONFIG_SIZE,
+    "max_position_embeddings": MAX_CONFIG_POSITIONS,
+}

@@ -6,8 +6,9 @@ HF_HUB_OFFLINE) and the ClearML model registry (identity: the ClearML model id a
 The hub token comes from a Prefect Secret block or HF_TOKEN, never from a flow parameter.
 
 Cheap checks that would otherwise fail after minutes of loading run here, before weights load:
-a config.json that is missing or not a JSON object, a model that needs `trust_remote_code` or is
-already quantized, a folder without a tokenizer, truncated safetensors.
+a config.json that is missing or not a JSON object, or whose sizes no model has, a model that
+needs `trust_remote_code` or is already quantized, a folder without a tokenizer, truncated or
+malformed safetensors, and a FIFO, device or folder where a model file should be.
 """
 
 from __future__ import annotations
@@ -16,16 +17,18 @@ import hashlib
 import json
 import math
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
+from fnmatch import fnmatch
 from pathlib import Path
 
 from prefect import task
 
 from compressflow import compat
 from compressflow.errors import HubUnavailableError, ModelFetchError
-from compressflow.limits import read_json
+from compressflow.limits import CONFIG_CEILINGS, not_regular, read_json
 from compressflow.logs import run_logger
-from compressflow.model.checkpoint import read_header, tensor_index
+from compressflow.model.checkpoint import HeaderError, read_header, tensor_index
 from compressflow.params import DEFAULT_MODEL_CLASS, ModelArgs
 from compressflow.reporting import tracking
 from compressflow.results import FetchedModel
@@ -38,6 +41,8 @@ from compressflow.store.disk_space import folder_size
 HUB_IGNORE_PATTERNS = ["original/*", "*.pth", "*.gguf", "*.msgpack", "*.h5", "*.onnx", "*.ot"]
 # What validation needs: config, tokenizer, processor and remote code, never weights.
 HUB_CONFIG_PATTERNS = ["*.json", "*.jinja", "*.model", "*.txt", "*.tiktoken", "*.py"]
+# Files of a model folder that fetch or the loaders open: those and the weights.
+MODEL_FILES = [*HUB_CONFIG_PATTERNS, "*.safetensors"]
 
 
 def file_sha256(file: Path) -> bytes:
@@ -61,8 +66,47 @@ def content_hash(path: Path) -> str:
     return digest.hexdigest()
 
 
-def check_config(path: Path, args: ModelArgs) -> None:
-    """Refuse, from config.json alone, models that would fail only after their weights load."""
+def check_files(path: Path) -> None:
+    """Refuse a FIFO, device, folder or broken link named as a file the loaders read: opening
+    it would block forever, never end, or fail as an OSError the task retries."""
+    for file in sorted(path.iterdir()):
+        if any(fnmatch(file.name, pattern) for pattern in MODEL_FILES) and (
+            kind := not_regular(file)
+        ):
+            raise ModelFetchError(
+                "model.model_id",
+                f"{file} is {kind}, not a regular file",
+                f"replace {file.name} with the model's real file, or remove it",
+            )
+
+
+def load_model_json(file: Path):
+    """A JSON file of the model's (config.json, the shard index), its parse errors worded."""
+    try:
+        return read_json(file, "model.model_id", ModelFetchError)
+    except json.JSONDecodeError as exc:  # transformers would fail later with no file or field
+        raise ModelFetchError(
+            "model.model_id",
+            f"{file} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}",
+            f"fix {file.name} at that position, or download the model again",
+        ) from None
+    except UnicodeDecodeError:
+        raise ModelFetchError(
+            "model.model_id",
+            f"{file} is not UTF-8 text",
+            f"replace {file.name} with the model's original",
+        ) from None
+    except ValueError as exc:  # e.g. an integer longer than Python converts (4,300 digits)
+        raise ModelFetchError(
+            "model.model_id",
+            f"{file} cannot be read as JSON: {exc}",
+            f"replace {file.name} with the model's original",
+        ) from None
+
+
+def check_config(path: Path, args: ModelArgs) -> dict:
+    """Refuse, from config.json alone, models that would fail only after their weights load;
+    returns the config."""
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ModelFetchError(
@@ -71,20 +115,7 @@ def check_config(path: Path, args: ModelArgs) -> None:
             "point model_id at the folder that holds config.json and the weights",
         )
     # The first read of a user's config.json: capped, so later reads of it need not be.
-    try:
-        config = read_json(config_file, "model.model_id", ModelFetchError)
-    except json.JSONDecodeError as exc:  # transformers would fail later with no file or field
-        raise ModelFetchError(
-            "model.model_id",
-            f"{config_file} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}",
-            "fix config.json at that position, or download the model again",
-        ) from None
-    except UnicodeDecodeError:
-        raise ModelFetchError(
-            "model.model_id",
-            f"{config_file} is not UTF-8 text",
-            "replace config.json with the model's original",
-        ) from None
+    config = load_model_json(config_file)
     if not isinstance(config, dict):
         raise ModelFetchError(
             "model.model_id",
@@ -107,10 +138,54 @@ def check_config(path: Path, args: ModelArgs) -> None:
             "errors or fail to load",
             "start from the unquantized base model",
         )
+    return config
+
+
+def check_sizes(path: Path, config: dict, names: set[str]) -> None:
+    """Refuse core sizes in config.json that no model has, before anything builds the model
+    (the memory plan and tracing build it on the meta device): a wrong type, zero or negative
+    fails there with no field named, and a huge one takes minutes or gigabytes even on meta.
+
+    A vision-language model's language model reads its own `text_config`: both are checked.
+    `names` are the checkpoint's tensor names.
+    """
+    config_file = path / "config.json"
+    text = config.get("text_config")
+    for where, settings in (("", config), ("text_config.", text if isinstance(text, dict) else {})):
+        for key, ceiling in CONFIG_CEILINGS.items():
+            value = settings.get(key)
+            # Some configs list a size per layer (Gemma 3n's intermediate_size); null means unset.
+            for item in value if isinstance(value, list) else [value]:
+                if item is not None and not (
+                    isinstance(item, int) and not isinstance(item, bool) and 0 < item <= ceiling
+                ):
+                    raise ModelFetchError(
+                        "model.model_id",
+                        f"{config_file} sets {where}{key} to {item!r:.80}; it must be a whole "
+                        f"number from 1 to {ceiling:,}",
+                        f"fix {where}{key} in config.json, or replace config.json with the "
+                        "model's original",
+                    )
+    # Layers the checkpoint holds, where its tensor names number them (`model.layers.3.mlp...`).
+    held = 1 + max((int(n) for n in LAYER_NUMBER.findall("\n".join(names))), default=-1)
+    claimed = (text if isinstance(text, dict) and "num_hidden_layers" in text else config).get(
+        "num_hidden_layers"
+    )
+    if held and isinstance(claimed, int) and claimed > held:
+        raise ModelFetchError(
+            "model.model_id",
+            f"{config_file} sets num_hidden_layers to {claimed} but the checkpoint's weights "
+            f"hold {held} layers",
+            "fix num_hidden_layers in config.json to match the weights, or download the model "
+            "again",
+        )
 
 
 # Files a tokenizer loads from (a processor holds its tokenizer's too): one must be there.
 TOKENIZER_FILES = ("tokenizer*", "vocab.*", "merges.txt", "*.model", "*.tiktoken")
+# A decoder layer's number in a tensor name: `model.layers.3.mlp.up_proj.weight`; a longer
+# number than 9 digits is no layer's, and int() refuses one of thousands.
+LAYER_NUMBER = re.compile(r"(?:^|\.)layers\.(\d{1,9})\.", re.MULTILINE)
 
 
 def check_tokenizer(path: Path) -> None:
@@ -323,9 +398,10 @@ def fetch(args: ModelArgs, weights: bool = True) -> FetchedModel:
     else:
         source = "hub"
         path, revision_resolved = fetch_from_hub(args, weights)
-    check_config(path, args)
+    config = check_config(path, args)
+    check_files(path)
     check_tokenizer(path)
-    check_weight_files(path)
+    check_sizes(path, config, check_weight_files(path))
     if source == "hub":
         identity = f"hub:{args.model_id}@{revision_resolved}"
     elif source == "clearml":
@@ -346,8 +422,25 @@ def fetch(args: ModelArgs, weights: bool = True) -> FetchedModel:
     )
 
 
-def check_weight_files(path: Path) -> None:
-    """Refuse truncated or corrupt safetensors (an interrupted download) by their headers alone.
+def shard_names(index: Path) -> set[str]:
+    """The shard files model.safetensors.index.json lists in its `weight_map`."""
+    data = load_model_json(index)
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(shard, str) for shard in weight_map.values()
+    ):
+        raise ModelFetchError(
+            "model.model_id",
+            f'{index} is not a shard index: it needs a "weight_map" object of tensor names to '
+            "shard file names",
+            f"replace {index.name} with the model's original, or download the model again",
+        )
+    return set(weight_map.values())
+
+
+def check_weight_files(path: Path) -> set[str]:
+    """Refuse truncated or corrupt safetensors (an interrupted download) by their headers alone;
+    returns the names of the tensors they hold.
 
     A safetensors file is an 8-byte header length, a JSON header giving each tensor's byte range,
     then the data: a file shorter than its header says is cut off, whatever loads it later.
@@ -358,19 +451,20 @@ def check_weight_files(path: Path) -> None:
     )
     index = path / "model.safetensors.index.json"
     if index.exists():
-        shards = read_json(index, "model.model_id", ModelFetchError)["weight_map"].values()
-        missing = sorted(set(shards) - {file.name for file in path.glob("*.safetensors")})
+        missing = sorted(shard_names(index) - {file.name for file in path.glob("*.safetensors")})
         if missing:
             raise ModelFetchError(
                 "model.model_id", f"{path} lacks shards its index lists: {missing[:3]}", fix
             )
+    names: set[str] = set()
     for file in sorted(path.glob("*.safetensors")):
-        size = file.stat().st_size
-        if (header := read_header(file)) is None:
+        try:
+            length, tensors = read_header(file)
+        except HeaderError as exc:
             raise ModelFetchError(
-                "model.model_id", f"{file} is not a readable safetensors file (corrupt header)", fix
-            )
-        length, tensors = header
+                "model.model_id", f"{file} is not a readable safetensors file: {exc}", fix
+            ) from None
+        size = file.stat().st_size
         end = max(
             (spec["data_offsets"][1] for name, spec in tensors.items() if name != "__metadata__"),
             default=0,
@@ -382,6 +476,8 @@ def check_weight_files(path: Path) -> None:
                 f"has {size:,}",
                 fix,
             )
+        names.update(name for name in tensors if name != "__metadata__")
+    return names
 
 
 def parameter_count(path: Path) -> int | None:

@@ -129,3 +129,44 @@ def test_one_large_value_inserted_at_many_places_is_refused_before_filling():
     recipe = load_recipe("quant_stage: {name: '" + "-${tag}" * 2_000 + "'}")[0]
     error = refused_quickly(lambda: substitute(recipe, {"tag": "x" * 1_000}))
     assert "about 2,002,000 characters of inserted text" in error.problem
+
+
+def test_a_safetensors_header_claiming_over_100_mb_is_refused_before_it_is_read(tmp_path):
+    from compressflow.tasks.fetch_model import check_weight_files
+
+    file = tmp_path / "model.safetensors"
+    with file.open("wb") as handle:
+        handle.write((1 << 30).to_bytes(8, "little"))  # a 1 GiB header, all of it sparse
+        handle.truncate(2 << 30)
+    error = refused_quickly(lambda: check_weight_files(tmp_path), ModelFetchError)
+    assert f"{file} is not a readable safetensors file" in error.problem
+    assert "claims 1,073,741,824 bytes" in error.problem
+    assert "over the 100,000,000 that safetensors reads at most" in error.problem
+
+
+def test_a_config_json_number_too_long_to_convert_is_refused_naming_the_file(tmp_path):
+    from compressflow.params import ModelArgs
+    from compressflow.tasks.fetch_model import check_config
+
+    config = tmp_path / "config.json"
+    config.write_text('{"vocab_size": ' + "9" * 5_000 + "}")  # Python converts 4,300 digits
+    with pytest.raises(ModelFetchError, match="cannot be read as JSON") as raised:
+        check_config(tmp_path, ModelArgs(model_id=str(tmp_path)))  # not a bare ValueError
+    assert str(config) in raised.value.problem
+
+
+def test_a_text_or_json_file_that_is_a_fifo_or_device_is_refused_unopened(tmp_path):
+    import os
+    import re
+    from pathlib import Path
+
+    from compressflow.limits import read_json, read_text
+
+    fifo = tmp_path / "params.yaml"
+    os.mkfifo(fifo)  # opening it would block until a writer came
+    for path, kind in [(fifo, "a FIFO (named pipe)"), (Path("/dev/zero"), "a device")]:
+        refused = re.escape(f"{path} is {kind}, not a regular file")
+        with pytest.raises(InputError, match=f"^field: {refused}"):
+            read_text(path, "the file", "field")
+        with pytest.raises(ModelFetchError, match=f"^model.model_id: {refused}"):
+            read_json(path, "model.model_id", ModelFetchError)

@@ -64,7 +64,10 @@ def _picklable(exc: BaseException | None) -> BaseException | None:
     if exc is None:
         return None
     try:
-        pickle.dumps(exc)
+        # Loaded too: an exception whose __init__ takes other arguments than its args
+        # (transformers' StrictDataclassFieldValidationError) pickles, then fails to load in the
+        # task's process with a TypeError that hides it.
+        pickle.loads(pickle.dumps(exc))
         return exc
     except Exception:  # a library exception that cannot cross processes: keep its text
         return RuntimeError(f"{type(exc).__name__}: {exc}")
