@@ -8,6 +8,7 @@ the same. They hold no secrets: hub tokens and ClearML keys come from blocks or 
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -21,7 +22,24 @@ from compressflow.registries.thresholds import DEFAULTS, LogitFigures, describe,
 # `module:function`, never serialized source: loaders are imported, not executed from text.
 DEFAULT_MODEL_CLASS = "AutoModelForCausalLM"
 IMPORT_PATH_OR_EMPTY = r"^([A-Za-z_][\w.]*:[A-Za-z_]\w*)?$"
+# Prefect's rule for block document names (prefect.types.names.BlockDocumentName). A token pasted
+# into a `*_block` field (hf_..., a ClearML key) breaks it: refused here and by the deployment's
+# schema, it never reaches a run's parameters, the manifest or ClearML.
+BLOCK_NAME_OR_EMPTY = r"^[a-z0-9-]*$"
 _LIMITS = describe()
+
+
+def _block_name(value: Any, field: str) -> Any:
+    """`value` when it can name a block. Refused without repeating it: it may be the secret."""
+    if isinstance(value, str) and not re.fullmatch(BLOCK_NAME_OR_EMPTY, value):
+        raise InputError(
+            field,
+            "the value (not shown) looks like a secret value, not a block name: block names are "
+            "lowercase letters, digits and dashes",
+            "give the name of the block that holds the secret, never the secret itself (and "
+            "revoke a token that was pasted here)",
+        )
+    return value
 
 
 class _Args(BaseModel):
@@ -44,6 +62,9 @@ class _Args(BaseModel):
 
 
 class ModelArgs(_Args):
+    # A token pasted into hub_token_block stays out of a refusal's text (errors() keeps it).
+    model_config = ConfigDict(hide_input_in_errors=True)
+
     model_id: str = Field(
         min_length=1,
         description="Hugging Face model id (e.g. meta-llama/Llama-3.2-1B-Instruct), a local "
@@ -69,9 +90,15 @@ class ModelArgs(_Args):
     )
     hub_token_block: str = Field(
         default="",
+        pattern=BLOCK_NAME_OR_EMPTY,
         description="Name of a Prefect Secret block holding a Hugging Face token (the name, never "
         "the token). Empty: HF_TOKEN from the worker's environment, if set.",
     )
+
+    @field_validator("hub_token_block", mode="before")
+    @classmethod
+    def _a_name_not_a_token(cls, value: Any) -> Any:
+        return _block_name(value, "model.hub_token_block")  # before the pattern, which echoes
 
 
 class TextSourceArgs(_Args):
@@ -282,7 +309,8 @@ class OutputArgs(_Args):
     )
     overwrite: bool = Field(
         default=False,
-        description="Replace a different model already published at save_directory.",
+        description="Replace an earlier compressflow output at save_directory: only the files its "
+        "manifest lists are deleted, and a folder holding anything else is refused.",
     )
     auto_evaluate: bool = Field(
         default=True,
@@ -292,9 +320,12 @@ class OutputArgs(_Args):
 
 
 class TrackingArgs(_Args):
+    model_config = ConfigDict(hide_input_in_errors=True)  # as ModelArgs: clearml_block
+
     enabled: bool = Field(default=True, description="Log the run to ClearML.")
     clearml_block: str = Field(
         default="",
+        pattern=BLOCK_NAME_OR_EMPTY,
         description="Name of a ClearMLSettings block. Empty (and without CLEARML_* environment "
         "variables): ClearML runs in offline mode.",
     )
@@ -304,6 +335,11 @@ class TrackingArgs(_Args):
     task_name: str = Field(
         default="", description="ClearML task name; empty: the model's name and the scheme."
     )
+
+    @field_validator("clearml_block", mode="before")
+    @classmethod
+    def _a_name_not_a_key(cls, value: Any) -> Any:
+        return _block_name(value, "tracking.clearml_block")  # as ModelArgs.hub_token_block
 
 
 class VerifyArgs(_Args):

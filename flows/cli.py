@@ -139,6 +139,10 @@ def explain(error: ErrorDetails, groups: dict[str, type[BaseModel]]) -> InputErr
     field = ".".join(map(str, loc))
     if error["type"] == "missing":
         return InputError(field, error["msg"], "add it")
+    if isinstance(own := error.get("ctx", {}).get("error"), InputError):
+        # Our validators' refusals read as written, and show only what they chose to show: a
+        # `*_block` field's value may be a pasted secret.
+        return own
     if error["type"] == "extra_forbidden":
         if len(loc) == 1:
             names, problem, known = list(groups), "not a parameter group", "the groups are"

@@ -137,7 +137,9 @@ def _parameters() -> type[BaseModel]:
         )
         for name in inspect.signature(validate).parameters
     }
-    return create_model("Parameters", __config__=ConfigDict(extra="forbid"), **fields)
+    # Inputs stay out of the printed errors: a `*_block` field may hold a pasted secret.
+    config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+    return create_model("Parameters", __config__=config, **fields)
 
 
 Parameters = _parameters()

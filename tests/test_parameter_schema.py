@@ -178,3 +178,23 @@ def test_an_unknown_preset_in_the_free_recipe_field_fails_in_the_first_stage():
     validate(with_required(schema, {"recipe": {"recipe": "W4A17"}}), schema, raise_on_error=True)
     with pytest.raises(RecipeError, match="did you mean W4A16"):
         render_recipe.fn(RecipeArgs(recipe="W4A17"))
+
+
+# Token-shaped: what a tired user pastes into a `*_block` field instead of the block's name.
+TOKEN = "hf_" + "QzXwVuTsRqPoNmLkJiHgFeDcBa0123456789"[:34]
+
+
+def test_a_block_name_field_refuses_a_token_in_the_form_and_the_flow_without_showing_it():
+    from prefect.exceptions import ParameterTypeError
+
+    schema = schema_of("flows/compress.py:compress")
+    for group, name in (("ModelArgs", "hub_token_block"), ("TrackingArgs", "clearml_block")):
+        assert schema["definitions"][group]["properties"][name]["pattern"] == "^[a-z0-9-]*$"
+    bad = {"model": {"model_id": "org/model", "hub_token_block": TOKEN}}
+    assert validate(bad, schema), "the server refuses it before a run exists"
+    flow = load_flow_from_entrypoint("flows/compress.py:compress")
+    with pytest.raises(ParameterTypeError) as refused:
+        flow.validate_parameters(bad)
+    assert "looks like a secret value, not a block name" in str(refused.value)
+    assert TOKEN[3:9] not in str(refused.value)
+    flow.validate_parameters({**bad, "model": {"model_id": "m", "hub_token_block": "hf-token"}})

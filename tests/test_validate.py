@@ -20,6 +20,7 @@ from compressflow.flows import cli as cli_module
 from compressflow.flows.cli import main as cli
 from compressflow.flows.cli import quiet
 from compressflow.flows.validate import validate
+from compressflow.params import ModelArgs
 
 BAD_YAML = "quant_stage:\n  quant_modifiers:\n    GPTQModifier: {targets: [Linear\n"
 TYPO_MODIFIER = (
@@ -327,6 +328,27 @@ def test_cli_reports_every_groups_schema_errors_before_any_check(models, tmp_pat
     ]
     assert "Field required. Fix: add it" in lines[0]
     assert "got 'fastest'" in lines[2]
+
+
+def test_cli_refuses_a_token_given_as_a_block_name_without_printing_it(models, tmp_path, capsys):
+    token, key = "hf_QzXwVuTsRqPoNmLkJiHgFeDcBa01234567", "Q7ZK3M9XW2PL8RT4YV6N"
+    bad = params(models, tmp_path, model={"hub_token_block": token})
+    bad["tracking"] = {"clearml_block": key}
+    file = tmp_path / "params.yaml"
+    file.write_text(json.dumps(bad))
+    lines = refused_lines(capsys, ["validate", str(file)])
+    assert [line.split(": ", 2)[1] for line in lines] == [
+        "model.hub_token_block",
+        "tracking.clearml_block",
+    ]
+    assert all("looks like a secret value, not a block name" in line for line in lines)
+    assert token[:6] not in "".join(lines) and key[:6] not in "".join(lines)
+    with pytest.raises(ValidationError) as refused:  # pydantic's own text, for Python callers
+        ModelArgs(model_id="m", hub_token_block=token)
+    assert token[3:9] not in str(refused.value)
+    with pytest.raises(ValidationError) as refused:  # validate(), which checks every group
+        validate(model={"model_id": "m", "hub_token_block": token})
+    assert "model.hub_token_block" in str(refused.value) and token[3:9] not in str(refused.value)
 
 
 # What the flow's own process must never import: they live in its child processes (in_child).
