@@ -7,6 +7,7 @@ a few seconds once); the property tests exercise `substitute` alone.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import string
 
@@ -326,6 +327,22 @@ def test_nonexistent_file_is_named(tmp_path):
     assert missing in str(err.value) and "does not exist" in str(err.value)
 
 
+@pytest.mark.parametrize("kind", ["folder", "device", "fifo"])
+def test_a_recipe_path_that_is_no_regular_file_says_what_it_is(tmp_path, kind):
+    path = tmp_path / "r.yaml"
+    if kind == "folder":
+        path.mkdir()
+    elif kind == "device":
+        path.symlink_to("/dev/zero")
+    else:
+        os.mkfifo(path)  # opening it would block this test for ever
+    with pytest.raises(RecipeError) as err:
+        render(str(path))
+    said = {"folder": "a folder", "device": "a device", "fifo": "a FIFO (named pipe)"}[kind]
+    assert f"is not a regular file but {said}" in err.value.problem
+    assert "does not exist" not in err.value.problem and "name a .yaml file" in err.value.fix
+
+
 def test_unknown_preset_suggests_the_nearest():
     with pytest.raises(RecipeError) as err:
         render("W4A61")
@@ -355,6 +372,34 @@ def test_misspelt_modifier_field_names_modifier_field_and_fix():
 def test_wrong_value_type_names_the_field():
     with pytest.raises(RecipeError, match="dampening_frac"):
         render([{"GPTQModifier": {**GPTQ, "dampening_frac": "$d"}}], recipe_args={"d": "high"})
+
+
+@pytest.mark.parametrize(
+    "args, shown",
+    [
+        ({"dampening_frac": "-0.5"}, "is '-0.5', outside (0.0, 1.0]"),
+        ({"dampening_frac": "inf"}, "is 'inf', outside (0.0, 1.0]"),
+        ({"block_size": "0"}, "is '0', outside [1, 1048576]"),
+    ],
+)
+def test_a_number_written_as_a_string_is_range_checked_as_the_number_it_becomes(args, shown):
+    """llm-compressor's pydantic coerces "-0.5" to -0.5: the range check must see it too."""
+    with pytest.raises(RecipeError) as err:
+        render("W4A16", recipe_args=args)
+    assert err.value.field == "recipe.recipe_args" and shown in err.value.problem
+    assert rendered_gptq(render("W4A16", recipe_args={"dampening_frac": "0.02"}))
+
+
+@pytest.mark.parametrize("name", ["1", "null", "1.5"])
+def test_a_modifier_name_that_is_not_a_string_is_refused_as_unknown(name):
+    with pytest.raises(RecipeError, match="unknown modifier") as err:
+        render(f"quant_stage:\n  quant_modifiers:\n    {name}: {{}}\n")
+    assert "llm-compressor 0.14's modifiers: " in err.value.fix
+
+
+def test_a_kv_cache_scheme_compressed_tensors_cannot_build_is_refused():
+    with pytest.raises(RecipeError, match="num_bits"):
+        render("W4A16", recipe_args={"kv_cache_scheme": {"num_bits": 99, "type": "float"}})
 
 
 def test_recipe_level_check_is_reported():

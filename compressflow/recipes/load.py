@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from compressflow.errors import RecipeError
-from compressflow.limits import load_yaml, read_text
+from compressflow.limits import load_yaml, not_regular, read_text
 from compressflow.recipes import RECIPE_FIELD
 from compressflow.registries.presets import PRESETS, preset_named
 
@@ -79,11 +79,18 @@ def load_recipe(recipe: str) -> tuple[Any, str, str | None]:
     single_line = "\n" not in recipe.strip()
     path = Path(recipe.strip()).expanduser()
     if single_line and path.suffix.lower() in (".yaml", ".yml"):
-        if not path.is_file():
+        if not path.exists():
             raise RecipeError(
                 RECIPE_FIELD,
                 f"recipe file {recipe.strip()!r} does not exist (looked for {path.resolve()})",
                 f"check the path; a relative path starts from the working directory {Path.cwd()}",
+            )
+        if not path.is_file():  # never opened: a FIFO's open blocks, a device never ends
+            raise RecipeError(
+                RECIPE_FIELD,
+                f"recipe file {recipe.strip()!r} is not a regular file but {not_regular(path)} "
+                f"(looked at {path.resolve()})",
+                "name a .yaml file holding the recipe, or paste the recipe's YAML into recipe",
             )
         where = f"recipe file {str(path)!r}"
         data = _parse_yaml(read_text(path, where, RECIPE_FIELD, RecipeError), where)

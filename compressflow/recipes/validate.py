@@ -95,18 +95,31 @@ VALUE_RANGES: dict[str, tuple[float, float, bool, str]] = {
 }
 
 
+def _as_number(value: Any) -> float | None:
+    """The number llm-compressor's pydantic makes of `value`, which coerces strings ("-0.5",
+    "inf", "0") too; None for what it would not take as one (its own check then refuses it)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    try:
+        return float(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
 def check_ranges(recipe: dict[str, Any]) -> None:
     """Refuse values out of their range, which llm-compressor would take and fail on later."""
     for where, name, kwargs in iter_modifiers(recipe):
         for key, (low, high, inclusive, meaning) in VALUE_RANGES.items():
             value = kwargs.get(key)
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
+            if (number := _as_number(value)) is None:
                 continue
-            if not ((value >= low if inclusive else value > low) and value <= high):
+            if not ((number >= low if inclusive else number > low) and number <= high):
                 bound = f"{'[' if inclusive else '('}{low}, {high}]"
                 raise RecipeError(
                     ARGS_FIELD,
-                    f"{name}.{key} in {where} is {value}, outside {bound} ({meaning})",
+                    f"{name}.{key} in {where} is {value!r}, outside {bound} ({meaning})",
                     f"set {key} within {bound} in recipe_args or the recipe",
                 )
 
@@ -122,7 +135,7 @@ def validate(recipe: dict[str, Any]) -> list[Modifier]:
             raise RecipeError(
                 RECIPE_FIELD,
                 f"unknown modifier {name!r} in {where}",
-                f"{closest(name, known, cutoff=0.8)}"
+                f"{closest(str(name), known, cutoff=0.8)}"  # YAML keys may be ints or null
                 f"llm-compressor 0.14's modifiers: {', '.join(known)}",
             )
     check_ranges(recipe)
@@ -130,8 +143,9 @@ def validate(recipe: dict[str, Any]) -> list[Modifier]:
         return Recipe.from_dict(recipe).modifiers
     except ValidationError as exc:
         raise _validation_error(exc, recipe) from exc
-    # Errors a modifier raises outside pydantic's validation, e.g. from a helper it calls.
-    except (ValueError, TypeError, KeyError) as exc:
+    # Errors a modifier raises outside pydantic's validation, e.g. from a helper it calls;
+    # compressed-tensors' NotImplementedError for a num_bits it has no dtype for.
+    except (ValueError, TypeError, KeyError, NotImplementedError) as exc:
         raise RecipeError(
             RECIPE_FIELD,
             f"llm-compressor rejects the recipe: {exc}",
