@@ -4,6 +4,7 @@ and the fix, and no more than the documented cap is read."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -130,6 +131,66 @@ def test_a_folder_counts_its_files_together_against_the_cap(tmp_path, monkeypatc
     monkeypatch.setenv("COMPRESSFLOW_MAX_DATA_MB", "1")
 
     assert "COMPRESSFLOW_MAX_DATA_MB" in refusal(folder)
+
+
+def test_a_readme_pointing_a_folder_at_files_outside_it_is_refused(tmp_path, monkeypatch):
+    """A README.md's `configs` would read ../big past the cap: refused, before it is read."""
+    (tmp_path / "big").mkdir()
+    (tmp_path / "big" / "big.jsonl").write_text((json.dumps({"text": "x" * 999}) + "\n") * 2100)
+    folder = tmp_path / "small"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text(json.dumps({"text": "row"}) + "\n")
+    (folder / "README.md").write_text(
+        "---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n"
+        '    path: "../big/*.jsonl"\n---\n'
+    )
+    monkeypatch.setenv("COMPRESSFLOW_MAX_DATA_MB", "1")
+
+    message = refusal(folder)
+
+    assert message.startswith("dataset.dataset_name: ") and "README.md" in message
+    assert "big.jsonl" in message and "Fix: move those files into the folder" in message
+
+
+def test_a_readme_naming_the_folders_own_files_is_followed(tmp_path):
+    folder = tmp_path / "hub-clone"
+    (folder / "data").mkdir(parents=True)
+    (folder / "data" / "calib.jsonl").write_text(json.dumps({"text": "kept"}) + "\n")
+    (folder / "data" / "other.jsonl").write_text(json.dumps({"text": "not asked for"}) + "\n")
+    (folder / "README.md").write_text(
+        "---\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n"
+        "    path: data/calib.jsonl\n---\n"
+    )
+
+    dataset, _, _ = load_source(DatasetArgs(dataset_name=str(folder)))
+
+    assert dataset["text"] == ["kept"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_pipe_or_device_is_refused_as_what_it_is_and_never_opened(tmp_path, kind):
+    path = Path("/dev/zero")
+    if kind == "fifo":
+        path = tmp_path / "rows.jsonl"
+        os.mkfifo(path)  # opening it would block this test for ever
+
+    message = refusal(path)
+
+    said = "a FIFO (named pipe)" if kind == "fifo" else "a device"
+    assert message.startswith("dataset.dataset_name: ")
+    assert f"'{path}' is not a regular file but {said}" in message and "Fix: name a " in message
+
+
+def test_a_row_nested_thousands_deep_is_refused_as_such(tmp_path):
+    path = tmp_path / "deep.jsonl"
+    path.write_text(
+        json.dumps({"text": "row"}) + "\n" + '{"text": "a", "x": ' + "[" * 5000 + "]" * 5000 + "}\n"
+    )
+
+    message = refusal(path)
+
+    assert message.startswith("dataset.dataset_name: ") and "deep.jsonl" in message
+    assert "nested too deeply" in message and "Fix: write each row as a flat object" in message
 
 
 def test_a_text_column_empty_in_every_row_names_text_column(tmp_path):

@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 from compressflow.data.user_code import import_callable
 from compressflow.errors import DatasetError
+from compressflow.limits import not_regular
 from compressflow.logs import run_logger
 from compressflow.params import DatasetArgs
 from compressflow.registries.datasets import ALIASES, SHAREGPT_ROLES, SHORTCUTS, lookup
@@ -175,6 +176,13 @@ def load_local(path: Path, split: str):
 
     suffix = path.suffix.lower()
     builder = FILE_BUILDERS.get(suffix)
+    if not path.is_file() and not path.is_dir():  # before any open: a FIFO's open blocks
+        raise DatasetError(
+            "dataset.dataset_name",
+            f"'{path}' is not a regular file but {not_regular(path)}",
+            f"name a {'/'.join(sorted(FILE_SUFFIXES))} file or a folder of them; copy what a pipe "
+            "or device gives into a file first",
+        )
     if path.is_file() and builder is None and suffix != ".txt":
         raise DatasetError(
             "dataset.dataset_name",
@@ -187,17 +195,26 @@ def load_local(path: Path, split: str):
     fix = FOLDER_FIX if path.is_dir() else UNREADABLE_FIXES[suffix]
     try:
         if path.is_dir():
-            dataset = datasets.load_dataset(str(path), split=split)
+            dataset = load_folder(path, split)
         elif suffix == ".txt":
             text = path.read_text(encoding="utf-8")
             paragraphs = [p.strip() for p in re.split(r"\n\s*\n", text)]
             dataset = datasets.Dataset.from_dict({"text": [p for p in paragraphs if p]})
         else:
             dataset = datasets.load_dataset(builder, data_files=str(path), split=split)
+    except DatasetError:  # load_folder's own, a ValueError the clause below would rewrap
+        raise
     except read_errors() as exc:
         raise DatasetError(
             "dataset.dataset_name", f"'{path}' cannot be read: {reader_said(exc)}", fix
         ) from exc
+    except RecursionError:  # datasets infers a type per level of a deeply nested value
+        raise DatasetError(
+            "dataset.dataset_name",
+            f"'{path}' holds a value nested too deeply to read (thousands of levels of lists "
+            "or objects)",
+            'write each row as a flat object, e.g. {"text": "..."} or {"messages": [...]}',
+        ) from None
     except ValueError as exc:  # datasets' own: a split the files lack, a split with no rows...
         said = reader_said(exc)
         if "unknown split" in said.lower():
@@ -218,6 +235,32 @@ def load_local(path: Path, split: str):
             "point it at a file with calibration text (one sample per paragraph or JSON line)",
         )
     return dataset
+
+
+def load_folder(path: Path, split: str):
+    """A folder as `datasets` reads it (a split per file name such as test.jsonl included), from
+    the files check_size counted and nothing else.
+
+    A README.md's front matter may name `configs` whose data_files point anywhere
+    (`../big/*.jsonl`): past the cap, and outside the cache's stat signature of the folder. Such a
+    folder is refused rather than its README ignored, since ignoring it would silently read other
+    files or splits than the README says.
+    """
+    import datasets
+
+    builder = datasets.load_dataset_builder(str(path))
+    counted = {file.resolve() for file in data_files(path)}
+    named = [name for files in (builder.config.data_files or {}).values() for name in files]
+    if outside := [name for name in named if Path(name).resolve() not in counted]:
+        raise DatasetError(
+            "dataset.dataset_name",
+            f"'{path}' has a README.md whose `configs` name data files that are not among the "
+            f"folder's own files (e.g. '{outside[0]}'), which escape the size cap",
+            "move those files into the folder (not hidden), or remove `configs` from the "
+            "README.md front matter to read the folder's own files",
+        )
+    builder.download_and_prepare()
+    return builder.as_dataset(split=split)
 
 
 def read_errors() -> tuple[type[Exception], ...]:
