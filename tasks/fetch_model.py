@@ -25,7 +25,7 @@ from pathlib import Path
 from prefect import task
 
 from compressflow import compat
-from compressflow.errors import HubUnavailableError, ModelFetchError
+from compressflow.errors import HubUnavailableError, ModelFetchError, first_line
 from compressflow.limits import CONFIG_CEILINGS, not_regular, read_json
 from compressflow.logs import run_logger
 from compressflow.model.checkpoint import HeaderError, read_header, tensor_index
@@ -122,16 +122,17 @@ def check_config(path: Path, args: ModelArgs) -> dict:
             f"{config_file} holds a JSON {type(config).__name__}, not an object of settings",
             "replace config.json with the model's original",
         )
-    if config.get("auto_map") and not args.trust_remote_code:
+    if (auto_map := config.get("auto_map")) and not args.trust_remote_code:
         raise ModelFetchError(
             "model.trust_remote_code",
             f"{args.model_id} defines its architecture in its own code (auto_map: "
-            f"{sorted(config['auto_map'])})",
+            f"{sorted(auto_map) if isinstance(auto_map, dict) else auto_map!r:.80})",
             "set trust_remote_code: true if you trust this repository's code",
         )
     quantization = config.get("quantization_config") or config.get("compression_config")
     if quantization:
-        method = quantization.get("quant_method") or quantization.get("format") or "unknown"
+        named = quantization if isinstance(quantization, dict) else {}
+        method = named.get("quant_method") or named.get("format") or "unknown"
         raise ModelFetchError(
             "model.model_id",
             f"{args.model_id} is already quantized ({method}); compressing it again would stack "
@@ -217,7 +218,18 @@ def loading_class(path: Path, args: ModelArgs) -> str:
                 "use a transformers class name, e.g. AutoModelForCausalLM",
             )
         return args.model_class
-    config = transformers.AutoConfig.from_pretrained(path)
+    from huggingface_hub.errors import StrictDataclassError
+
+    try:
+        config = transformers.AutoConfig.from_pretrained(path)
+    # What transformers raises for a config it cannot read: an unknown model_type, a dtype torch
+    # lacks, a field of the wrong type.
+    except (ValueError, TypeError, AttributeError, KeyError, StrictDataclassError) as exc:
+        raise ModelFetchError(
+            "model.model_id",
+            f"transformers cannot read {path / 'config.json'}: {first_line(exc)}",
+            "fix that field of config.json, or replace config.json with the model's original",
+        ) from None
     mapping = compat.causal_lm_classes()
     default = mapping[type(config)].__name__ if type(config) in mapping else None
     named = [name for name in (config.architectures or []) if hasattr(transformers, name)]

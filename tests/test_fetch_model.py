@@ -224,6 +224,24 @@ def test_config_sizes_no_model_has_are_refused_before_the_model_is_built(
     assert "config.json" in raised.value.fix
 
 
+@pytest.mark.parametrize(
+    ("changes", "field", "problem"),
+    [
+        ({"auto_map": 5}, "model.trust_remote_code", "in its own code (auto_map: 5)"),
+        ({"quantization_config": "yes"}, "model.model_id", "is already quantized (unknown)"),
+        ({"model_type": "no-such-model"}, "model.model_id", "transformers cannot read"),
+        ({"architectures": "LlamaForCausalLM"}, "model.model_id", "transformers cannot read"),
+    ],
+)
+def test_a_config_json_transformers_cannot_read_is_refused_naming_it(
+    tiny_model, tmp_path, changes, field, problem
+):
+    folder = copy_model(tiny_model, tmp_path, **changes)  # raw TypeErrors and ValueErrors before
+    with pytest.raises(ModelFetchError) as raised:
+        fetch(ModelArgs(model_id=str(folder)))
+    assert raised.value.field == field and problem in raised.value.problem
+
+
 def test_real_config_shapes_pass_the_size_check(tmp_path):
     from compressflow.tasks.fetch_model import check_sizes
 
