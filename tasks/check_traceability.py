@@ -87,13 +87,16 @@ def _trace_error(exc: BaseException, targets: list[str], ignore: list[str]) -> T
     )
 
 
-def check_group_sizes(model: FetchedModel, recipe: RenderedRecipe) -> None:
-    """Refuse now, on the meta device, layers that group quantization refuses after loading.
+def check_quantized_layers(model: FetchedModel, recipe: RenderedRecipe) -> None:
+    """Refuse now, on the meta device, a quantizing modifier that would quantize no layer, and
+    layers that group quantization refuses after loading.
 
-    llm-compressor checks `columns % group_size` when a modifier initializes, i.e. once the
-    weights are in memory; the same check on the meta model costs a second.
+    llm-compressor takes targets that match nothing (or an ignore list that covers them all)
+    and calibrates for nothing, and it checks `columns % group_size` when a modifier
+    initializes, i.e. once the weights are in memory; both checks on the meta model cost a second.
     """
     from compressed_tensors.quantization import apply_quantization_config
+    from compressed_tensors.utils import match_named_modules
     from llmcompressor.recipe import Recipe
     from transformers import AutoConfig
 
@@ -101,13 +104,25 @@ def check_group_sizes(model: FetchedModel, recipe: RenderedRecipe) -> None:
     modifiers = [
         m
         for m in Recipe.from_dict(yaml.safe_load(recipe.yaml)).modifiers
-        if compat.is_quantizing_modifier(m) and not m.bypass_divisibility_checks
+        if compat.is_quantizing_modifier(m)
     ]
     if not modifiers:
         return
     config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
     for modifier in modifiers:
         meta = meta_model(config, model.model_class, model.trust_remote_code)
+        targets, ignore = modifier.resolved_targets, modifier.ignore
+        if next(match_named_modules(meta, targets, ignore), None) is None:
+            raise RecipeError(
+                recipe.given_in(),
+                f"{type(modifier).__name__} would quantize no layer of {type(meta).__name__}: "
+                f"its targets {sorted(targets)} less its ignore list {list(ignore or [])[:8]} "
+                "match no module",
+                "set targets to module classes or names the model has (e.g. Linear), and keep "
+                "ignore to the layers that must stay unquantized",
+            )
+        if modifier.bypass_divisibility_checks:
+            continue
         apply_quantization_config(meta, modifier.resolved_config)
         bad = compat.layers_indivisible_by_group_size(
             meta, modifier.resolved_targets, modifier.ignore
@@ -267,7 +282,7 @@ def first_sample(dataset: BuiltDataset) -> dict[str, Any]:
 
 def check_shapes(model: FetchedModel, recipe: RenderedRecipe) -> None:
     """The recipe's group sizes and SmoothQuant mappings fit the model's layers."""
-    check_group_sizes(model, recipe)
+    check_quantized_layers(model, recipe)
     check_smoothquant_mappings(model, recipe)
 
 

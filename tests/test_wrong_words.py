@@ -28,7 +28,7 @@ from compressflow.recipes.render import render
 from compressflow.results import Calibration, FetchedModel, MemoryPlan, VerificationCheck
 from compressflow.tasks import calibrate as calibrate_module
 from compressflow.tasks import verify as verify_module
-from compressflow.tasks.check_traceability import check_group_sizes, check_smoothquant_mappings
+from compressflow.tasks.check_traceability import check_quantized_layers, check_smoothquant_mappings
 
 TINY_LLAMA = dict(
     vocab_size=128,
@@ -55,10 +55,35 @@ def test_group_size_refusal_of_a_preset_names_recipe_preset(tmp_path):
     model = config_folder(tmp_path, LlamaConfig(**{**TINY_LLAMA, "hidden_size": 192}))
 
     with pytest.raises(RecipeError) as raised:
-        check_group_sizes(model, render(RecipeArgs(preset="W4A16")))
+        check_quantized_layers(model, render(RecipeArgs(preset="W4A16")))
 
     assert str(raised.value).startswith("recipe.preset: GPTQModifier quantizes")
     assert "recipe_args" in raised.value.fix
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (RecipeArgs(preset="W4A16", recipe_args={"ignore": ["re:.*"]}), "recipe.preset"),
+        (
+            RecipeArgs(
+                recipe="quant_stage:\n  quant_modifiers:\n    QuantizationModifier:\n"
+                "      targets: [NoSuchLayer]\n      scheme: W8A16\n"
+            ),
+            "recipe.recipe",
+        ),
+    ],
+)
+def test_a_modifier_that_would_quantize_no_layer_is_refused_on_the_meta_model(
+    tmp_path, args, field
+):
+    # llm-compressor would load the weights, calibrate and publish an unquantized model.
+    model = config_folder(tmp_path, LlamaConfig(**TINY_LLAMA))
+    with pytest.raises(RecipeError) as raised:
+        check_quantized_layers(model, render(args))
+    assert str(raised.value).startswith(f"{field}: ")
+    assert "would quantize no layer of LlamaForCausalLM" in raised.value.problem
+    assert "set targets to module classes or names the model has" in raised.value.fix
 
 
 def test_smoothquant_refusal_of_a_preset_names_recipe_preset(tmp_path):
