@@ -261,7 +261,8 @@ def hub_token(block_name: str) -> str | None:
         # `from None`: Prefect's chained ValueError/ObjectNotFound/HTTP tracebacks bury the fix.
         raise ModelFetchError(
             "model.hub_token_block",
-            f"no Secret block named {block_name!r} on {PREFECT_API_URL.value()}",
+            f"no Secret block named {block_name!r} on "
+            f"{PREFECT_API_URL.value() or 'the temporary local Prefect server (no PREFECT_API_URL)'}",
             "create it (`HF_TOKEN=hf_... python -m compressflow.blocks.register` saves "
             "'hf-token'; any name: UI > Blocks > + > Secret), or leave hub_token_block out to "
             "use the worker's HF_TOKEN",
