@@ -26,6 +26,7 @@ IMPORT_PATH_OR_EMPTY = r"^([A-Za-z_][\w.]*:[A-Za-z_]\w*)?$"
 # into a `*_block` field (hf_..., a ClearML key) breaks it: refused here and by the deployment's
 # schema, it never reaches a run's parameters, the manifest or ClearML.
 BLOCK_NAME_OR_EMPTY = r"^[a-z0-9-]*$"
+TAG = r"^[^\x00-\x1f\x7f]+$"  # no newline or other control character
 _LIMITS = describe()
 
 
@@ -300,9 +301,12 @@ class OutputArgs(_Args):
         description="Where the compressed model is published. Empty: a folder named "
         "MODEL-SCHEME under $COMPRESSFLOW_OUTPUT_DIR (or ./outputs).",
     )
-    tags: list[str] = Field(
+    # Tags go to the Prefect server, ClearML and the manifest of every run: bounded, one line each.
+    tags: list[Annotated[str, Field(min_length=1, max_length=100, pattern=TAG)]] = Field(
         default_factory=list,
-        description="Tags for the Prefect run, ClearML and the manifest (the scheme is added).",
+        max_length=50,
+        description="Tags for the Prefect run, ClearML and the manifest (the scheme is added): "
+        "at most 50, each one line of at most 100 characters.",
     )
     save_compressed: bool = Field(
         default=True, description="Save in compressed-tensors format (what vLLM serves)."
@@ -317,6 +321,19 @@ class OutputArgs(_Args):
         description="Let the evaluate-model deployment's trigger evaluate this output (its "
         "published event says so); sweeps turn it off and evaluate their points themselves.",
     )
+
+    @field_validator("tags", mode="before")
+    @classmethod
+    def _one_line_each(cls, tags: Any) -> Any:
+        # Before the pattern, whose own message shows a regex instead of the problem.
+        for number, tag in enumerate(tags if isinstance(tags, list) else []):
+            if isinstance(tag, str) and re.search(r"[\x00-\x1f\x7f]", tag):
+                raise InputError(
+                    "output.tags",
+                    f"tag {number + 1}, {tag[:40]!r}, holds a newline or another control character",
+                    "write each tag as one line of plain text",
+                )
+        return tags
 
 
 class TrackingArgs(_Args):

@@ -145,6 +145,8 @@ BAD = [
     ("compress", {"calibration": {"path": "fastest"}}, "fastest"),
     ("compress", {"calibration": {"batch_size": -1}}, "batch_size"),
     ("compress", {"recipe": {"preset": "W4A17"}}, "W4A17"),
+    ("compress", {"output": {"tags": ["nightly", "line one\nline two"]}}, "line one"),
+    ("compress", {"output": {"tags": ["t" * 101]}}, "tttt"),
     ("evaluate", {"gate": {"on_threshold": "warn"}}, "warn"),
     ("evaluate", {"held_out": {"samples": 0}}, "samples"),
 ]
@@ -198,3 +200,20 @@ def test_a_block_name_field_refuses_a_token_in_the_form_and_the_flow_without_sho
     assert "looks like a secret value, not a block name" in str(refused.value)
     assert TOKEN[3:9] not in str(refused.value)
     flow.validate_parameters({**bad, "model": {"model_id": "m", "hub_token_block": "hf-token"}})
+
+
+def test_tags_are_bounded_one_line_each_and_say_so():
+    from pydantic import ValidationError
+
+    from compressflow.params import OutputArgs
+
+    assert OutputArgs(tags=["nightly", "llama 3 / w4a16"]).tags == ["nightly", "llama 3 / w4a16"]
+    with pytest.raises(ValidationError) as refused:
+        OutputArgs(tags=["nightly", "x\nprefect.flow-run: spoofed"])
+    assert "output.tags: tag 2, 'x\\nprefect.flow-run: spoofed', holds a newline" in str(
+        refused.value
+    )
+    assert "Fix: write each tag as one line of plain text" in str(refused.value)
+    for bad in (["t" * 101], [""], ["t"] * 51):
+        with pytest.raises(ValidationError):
+            OutputArgs(tags=bad)
