@@ -21,7 +21,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import uuid
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -29,7 +28,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from compressflow.errors import InputError, PublishError
-from compressflow.limits import MAX_JSON_BYTES
+from compressflow.limits import MAX_JSON_BYTES, not_regular
 from compressflow.logs import run_logger
 from compressflow.params import (
     CalibrationArgs,
@@ -215,8 +214,7 @@ def read_manifest(path: Path) -> Manifest | None:
     larger than any we write, or not valid)."""
     file = path / MANIFEST
     try:
-        found = file.stat()
-        if not stat.S_ISREG(found.st_mode) or found.st_size > MAX_JSON_BYTES:
+        if not_regular(file) or file.stat().st_size > MAX_JSON_BYTES:
             return None
         return Manifest.model_validate_json(file.read_bytes())
     except (OSError, ValidationError):
@@ -410,16 +408,16 @@ def check_output_path(target: Path) -> None:
             "file, not a folder",
             "choose a save_directory that is a folder, or under one",
         )
+    name = len(os.fsencode(target.name))
     longest = reference_path(target.parent / _staging_name(target, PID_MAX, "f" * 8)).name
-    limit = os.pathconf(existing, "PC_NAME_MAX")
-    if len(os.fsencode(longest)) > limit:
-        spare = limit - (len(os.fsencode(longest)) - len(os.fsencode(target.name)))
+    added, limit = len(os.fsencode(longest)) - name, os.pathconf(existing, "PC_NAME_MAX")
+    if name + added > limit:
         raise PublishError(
             "output.save_directory",
-            f"its last part, {target.name[:40]}..., is {len(os.fsencode(target.name))} bytes "
-            f"long: the working files a run keeps beside it add {limit - spare} bytes, past the "
-            f"{limit} bytes a file name can have there",
-            f"choose a save_directory whose last part is at most {spare} bytes",
+            f"its last part, {target.name[:40]}..., is {name} bytes long: the working files a "
+            f"run keeps beside it add {added} bytes, past the {limit} bytes a file name can "
+            "have there",
+            f"choose a save_directory whose last part is at most {limit - added} bytes",
         )
 
 
