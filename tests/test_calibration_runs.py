@@ -113,6 +113,22 @@ def test_a_result_still_comes_back_and_stderr_is_passed_on(capsys):
     assert "a progress line" in capsys.readouterr().err
 
 
+def environments(events):
+    """This child's environment, and the one its forkserver (its parent) started with."""
+    forkserver = Path(f"/proc/{os.getppid()}/environ").read_bytes().split(b"\0")
+    return dict(os.environ), [entry.decode() for entry in forkserver]
+
+
+def test_the_forkserver_asks_for_a_gpu_without_initializing_cuda():
+    # llm-compressor asks torch for an accelerator when the forkserver imports it; asked the
+    # usual way on a GPU host, every forked child then failed its first CUDA call (seen on an
+    # H100). Through NVML the answer initializes nothing. The child and the task keep their own.
+    child, forkserver = run_isolated(environments, (), lambda kind, payload: None, "calibration")
+    assert "PYTORCH_NVML_BASED_CUDA_CHECK=1" in forkserver
+    assert "PYTORCH_NVML_BASED_CUDA_CHECK" not in child
+    assert "PYTORCH_NVML_BASED_CUDA_CHECK" not in os.environ
+
+
 # --- Part B: the batch size each algorithm and each kind of data takes ----------------------------
 
 

@@ -252,7 +252,7 @@ def warm_up(*targets: Callable) -> None:
     from multiprocessing import forkserver
 
     _context(*targets)
-    with _main_script_not_rerun():
+    with _main_script_not_rerun(), _fork_safe_cuda_check():
         forkserver.ensure_running()
 
 
@@ -278,6 +278,29 @@ def _main_script_not_rerun():
         spawn.get_preparation_data = original
 
 
+@contextmanager
+def _fork_safe_cuda_check():
+    """A forkserver started in the block asks torch whether there is a GPU through NVML.
+
+    llm-compressor asks `torch.accelerator.is_available()` when it is imported (its `modeling`
+    package), which the forkserver does once for every child. Asked the usual way on a GPU host,
+    that initializes the CUDA driver there, and every child forked afterwards fails its first CUDA
+    call ("Cannot re-initialize CUDA in forked subprocess", seen on an H100 in the memory plan).
+    torch answers through NVML, initializing nothing, when PYTORCH_NVML_BASED_CUDA_CHECK=1.
+    Children get the task's own environment back (`_child`), and use CUDA as usual.
+    """
+    key = "PYTORCH_NVML_BASED_CUDA_CHECK"
+    before = os.environ.get(key)
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
 def run_isolated(
     target: Callable,
     args: tuple,
@@ -298,8 +321,8 @@ def run_isolated(
     process = context.Process(
         target=_child, args=(target, args, child_environment, sender, stderr_sender), name=what
     )
-    with _main_script_not_rerun():
-        process.start()
+    with _main_script_not_rerun(), _fork_safe_cuda_check():
+        process.start()  # starts the forkserver too, when warm_up did not
     sender.close()
     stderr_sender.close()
     log = run_logger(__name__)
