@@ -61,6 +61,7 @@ class ChildRun:
     result: dict
     peak_tree_rss_mb: float = 0.0  # the most the whole process tree held at once (PSS, sampled)
     peak_tree_anon_mb: float = 0.0  # the tree's anonymous memory at its peak (AnonPeak); 0: n/a
+    peak_gpu_mb: float = 0.0  # GPU memory in use at the peak, above the child's start; 0: no GPU
 
 
 # Reading one process's PSS costs the kernel about 4 ms (it walks the page tables); a flow's tree
@@ -70,8 +71,27 @@ class ChildRun:
 SAMPLE_S = 0.25
 
 
+def gpu_used_bytes() -> int | None:
+    """GPU memory in use on every NVIDIA device of this host (NVML), or None without one.
+
+    Device-wide, not per process: in a container NVML often cannot map its processes to ours,
+    and a flow's tree may hold a CUDA context in more than one process, each of which counts.
+    """
+    try:
+        import pynvml  # nvidia-ml-py, an llm-compressor dependency
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        return sum(pynvml.nvmlDeviceGetMemoryInfo(h).used for h in handles) if handles else None
+    except pynvml.NVMLError:  # no NVIDIA driver: a CPU host
+        return None
+
+
 class TreeSampler(threading.Thread):
-    """Samples the summed PSS of a process and its descendants every `SAMPLE_S` seconds.
+    """Samples the summed PSS of a process and its descendants every `SAMPLE_S` seconds, and the
+    GPU memory in use above what was in use when it started (`gpu_used_bytes`).
 
     ru_maxrss is per process: a flow whose calibration runs in a child (or a Prefect temporary
     server beside it) would hide memory held by two processes at once. Summing RSS would count
@@ -83,11 +103,14 @@ class TreeSampler(threading.Thread):
     def __init__(self, pid: int):
         super().__init__(daemon=True)
         self.pid, self.peak, self.done = pid, 0, threading.Event()
+        self.gpu_base, self.gpu_peak = gpu_used_bytes(), 0
 
     def run(self) -> None:
         import psutil
 
         while not self.done.wait(SAMPLE_S):
+            if self.gpu_base is not None:
+                self.gpu_peak = max(self.gpu_peak, (gpu_used_bytes() or 0) - self.gpu_base)
             try:
                 root = psutil.Process(self.pid)
                 tree = [root, *root.children(recursive=True)]
@@ -203,6 +226,7 @@ def run_child(args: list[str], env: dict[str, str], log_path: Path) -> ChildRun:
         result=result,
         peak_tree_rss_mb=sampler.peak / 2**20,
         peak_tree_anon_mb=anon.peak / 2**20,
+        peak_gpu_mb=sampler.gpu_peak / 2**20,
     )
 
 
@@ -236,8 +260,10 @@ def start_server(home: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str
     url = f"http://127.0.0.1:{port}/api"
     log = (home / "server.log").open("w")
     proc = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "prefect"),
+        [  # `-m`: an environment installed without console scripts (`pip --target`) has no `prefect`
+            sys.executable,
+            "-m",
+            "prefect",
             "server",
             "start",
             "--host",

@@ -371,10 +371,11 @@ def measure(args, child: str, scheme: str, model: Path, data: Path, api_url: str
     if child == "flow":
         run.result["plan"] = run.result["plan"]["placement"]
     extra = f" {json.dumps(run.result)}" if run.result else ""
+    gpu = f", peak GPU memory {run.peak_gpu_mb:.0f} MB" if run.peak_gpu_mb else ""
     print(
         f"{child} {scheme}: wall {run.wall_s:.0f} s, cpu {run.cpu_s:.0f} s, peak RSS "
         f"{run.peak_tree_rss_mb:.0f} MB (process tree; largest process "
-        f"{run.peak_rss_mb:.0f} MB){extra}",
+        f"{run.peak_rss_mb:.0f} MB){gpu}{extra}",
         flush=True,
     )
     shutil.rmtree(home / "out", ignore_errors=True)
