@@ -402,6 +402,39 @@ def test_a_kv_cache_scheme_compressed_tensors_cannot_build_is_refused():
         render("W4A16", recipe_args={"kv_cache_scheme": {"num_bits": 99, "type": "float"}})
 
 
+def int_weights(bits) -> dict:
+    group = {
+        "targets": ["Linear"],
+        "weights": {"num_bits": bits, "type": "int", "strategy": "channel"},
+    }
+    return {"GPTQModifier": {"ignore": ["lm_head"], "config_groups": {"group_0": group}}}
+
+
+@pytest.mark.parametrize("bits", [0, -3, 1, 9, 1000])
+def test_an_integer_width_compressed_tensors_cannot_take_is_refused_before_calibration(bits):
+    # llm-compressor's parser takes any int; these failed, or quantized to nothing, only later.
+    with pytest.raises(RecipeError) as err:
+        render([int_weights(bits)])
+    assert f"asks for {bits}-bit integers in config_groups.group_0.weights" in err.value.problem
+    assert err.value.field == "recipe.recipe" and "2 to 8" in err.value.fix
+    assert render([int_weights(3)]).modifiers == ["GPTQModifier"]
+
+
+def test_an_integer_kv_cache_width_is_checked_too():
+    kv = {"num_bits": 12, "type": "int", "strategy": "tensor"}
+    with pytest.raises(RecipeError, match="12-bit integers in kv_cache_scheme"):
+        render("W4A16", recipe_args={"kv_cache_scheme": kv})
+
+
+def test_a_modifier_with_both_a_scheme_and_config_groups_is_refused_at_render():
+    both = int_weights(4)
+    both["GPTQModifier"]["scheme"] = "W4A16"
+    with pytest.raises(RecipeError) as err:
+        render([both])
+    assert "either `scheme` or `config_groups`" in err.value.problem
+    assert "keep one of `scheme` and `config_groups`" in err.value.fix
+
+
 def test_recipe_level_check_is_reported():
     with pytest.raises(RecipeError, match="AWQ"):
         render([{"AWQModifier": {}}])

@@ -140,7 +140,7 @@ def validate(recipe: dict[str, Any]) -> list[Modifier]:
             )
     check_ranges(recipe)
     try:
-        return Recipe.from_dict(recipe).modifiers
+        modifiers = Recipe.from_dict(recipe).modifiers
     except ValidationError as exc:
         raise _validation_error(exc, recipe) from exc
     # Errors a modifier raises outside pydantic's validation, e.g. from a helper it calls;
@@ -151,3 +151,42 @@ def validate(recipe: dict[str, Any]) -> list[Modifier]:
             f"llm-compressor rejects the recipe: {exc}",
             "change the recipe as the message says",
         ) from exc
+    check_bit_widths(modifiers)
+    return modifiers
+
+
+# The integer widths compressed-tensors packs and vLLM's kernels load (W4A16, W8A8...; 2 and 3
+# for research). Its parser takes any int: 0, -3 or 1000 fail, or quantize every weight to
+# nothing, only once calibration runs. Float widths other than FP4 and FP8 it refuses itself.
+INT_BITS = range(2, 9)
+
+
+def check_bit_widths(modifiers: list[Modifier]) -> None:
+    """Refuse an integer num_bits outside `INT_BITS`, naming the modifier and where it is set;
+    and a modifier whose quantization llm-compressor resolves only when calibration starts."""
+    for modifier in modifiers:
+        if not compat.is_quantizing_modifier(modifier):
+            continue
+        name = type(modifier).__name__
+        try:
+            config = modifier.resolve_quantization_config()
+        except ValueError as exc:  # e.g. both `scheme` and `config_groups`, which the parser takes
+            raise RecipeError(
+                RECIPE_FIELD,
+                f"llm-compressor cannot resolve {name}'s quantization: {exc}",
+                "keep one of `scheme` and `config_groups` in the modifier (a preset name in "
+                "`scheme` is the short form)",
+            ) from exc
+        parts = [
+            (f"config_groups.{group}.{part}", getattr(scheme, part))
+            for group, scheme in config.config_groups.items()
+            for part in ("weights", "input_activations", "output_activations")
+        ]
+        for where, args in [*parts, ("kv_cache_scheme", config.kv_cache_scheme)]:
+            if args is not None and args.type == "int" and args.num_bits not in INT_BITS:
+                raise RecipeError(
+                    RECIPE_FIELD,
+                    f"{name} asks for {args.num_bits}-bit integers in {where}; compressed-tensors "
+                    "and vLLM take 2 to 8 bits",
+                    f"set num_bits in {where} to 2 to 8 (4 for W4A16, 8 for W8A8), or use a preset",
+                )
