@@ -415,8 +415,10 @@ def test_an_integer_width_compressed_tensors_cannot_take_is_refused_before_calib
     # llm-compressor's parser takes any int; these failed, or quantized to nothing, only later.
     with pytest.raises(RecipeError) as err:
         render([int_weights(bits)])
-    assert f"asks for {bits}-bit integers in config_groups.group_0.weights" in err.value.problem
-    assert err.value.field == "recipe.recipe" and "2 to 8" in err.value.fix
+    assert f"asks for {bits}-bit integers in config_groups.group_0.weights, outside 2 to 8" in (
+        err.value.problem
+    )
+    assert err.value.field == "recipe.recipe" and "to 4 (as W4A16) or 8" in err.value.fix
     assert render([int_weights(3)]).modifiers == ["GPTQModifier"]
 
 

@@ -155,9 +155,10 @@ def validate(recipe: dict[str, Any]) -> list[Modifier]:
     return modifiers
 
 
-# The integer widths compressed-tensors packs and vLLM's kernels load (W4A16, W8A8...; 2 and 3
-# for research). Its parser takes any int: 0, -3 or 1000 fail, or quantize every weight to
-# nothing, only once calibration runs. Float widths other than FP4 and FP8 it refuses itself.
+# Integer widths: compressed-tensors packs at most 8 bits, and 1 bit leaves two levels. llm-
+# compressor's parser takes any int (0, -3, 1000) and nothing else looked before calibration.
+# (vLLM's kernels load 4 and 8; the serve check reports the rest.) Float widths other than FP4
+# and FP8 compressed-tensors refuses itself.
 INT_BITS = range(2, 9)
 
 
@@ -186,7 +187,7 @@ def check_bit_widths(modifiers: list[Modifier]) -> None:
             if args is not None and args.type == "int" and args.num_bits not in INT_BITS:
                 raise RecipeError(
                     RECIPE_FIELD,
-                    f"{name} asks for {args.num_bits}-bit integers in {where}; compressed-tensors "
-                    "and vLLM take 2 to 8 bits",
-                    f"set num_bits in {where} to 2 to 8 (4 for W4A16, 8 for W8A8), or use a preset",
+                    f"{name} asks for {args.num_bits}-bit integers in {where}, outside 2 to 8 "
+                    "bits (compressed-tensors stores at most 8)",
+                    f"set num_bits in {where} to 4 (as W4A16) or 8 (as W8A8), or use a preset",
                 )
