@@ -178,10 +178,14 @@ def running_stack(home: Path) -> Iterator[Stack]:
         wait_healthy(stack, server)
         for line in commands["setup"]:
             stack.run("bash", "-c", line, timeout=300)
+        workers = {}  # all started, then waited for: their start-ups overlap
         for line in commands["workers"]:
             pool = re.search(r"--pool\s+(\S+)", line).group(1)
             # The worker ignores SIGTERM: it gets SIGINT.
-            worker = stack.start(f"worker-{pool}", "bash", "-c", line, stop_with=signal.SIGINT)
+            workers[pool] = stack.start(
+                f"worker-{pool}", "bash", "-c", line, stop_with=signal.SIGINT
+            )
+        for pool, worker in workers.items():
             wait_polling(stack, worker, pool)
         yield stack
     finally:

@@ -151,6 +151,7 @@ def test_deploy_refuses_a_deployment_naming_a_missing_block(stack, client, tmp_p
     assert not [name for name in deployed if name.startswith("refused-")], deployed
 
 
+@pytest.mark.matrix  # a worker run each (~25 s): with `make matrix`, so make test stays short
 @pytest.mark.parametrize(
     ("model", "problem"),
     [
@@ -158,10 +159,9 @@ def test_deploy_refuses_a_deployment_naming_a_missing_block(stack, client, tmp_p
             {"model_id": "/nonexistent/model"},
             "model.model_id: local folder /nonexistent/model does not exist. Fix:",
         ),
-        pytest.param(  # a second worker run (~25 s): with `make matrix`
+        (
             {"model_id": "acme/tiny-llama", "hub_token_block": "no-such-token"},
             "model.hub_token_block: no Secret block named 'no-such-token' on",
-            marks=pytest.mark.matrix,
         ),
     ],
     ids=["missing-folder", "missing-token-block"],
