@@ -20,7 +20,11 @@ order they are freed: benchmarks/README.md), so read the memory ratio over sever
 
     python -m benchmarks.flow_vs_bare [--repeats 3] [--samples 128] [--max-seq-len 256]
     python -m benchmarks.flow_vs_bare --model yardstick --max-seq-len 128
+    python -m benchmarks.flow_vs_bare --model random-1b --samples 96 --max-seq-len 512  # a GPU host
 
+On a GPU host each run's GPU memory in use (NVML, the whole device) is printed beside its RAM.
+`--model random-1b` has Llama-3.2-1B's layers: there a GPU calibration lasts long enough for more
+than the fixed start to show.
 `--model yardstick` runs the same comparison on the learned-weights yardstick
 (`compressflow.demo.yardstick`, 6 layers, 128 wide), calibrated on its training texts, and then
 scores the base model and both outputs on its held-out texts: the flow's defaults must cost no
