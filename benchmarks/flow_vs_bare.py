@@ -25,6 +25,7 @@ order they are freed: benchmarks/README.md), so read the memory ratio over sever
 On a GPU host each run's GPU memory in use (NVML, the whole device) is printed beside its RAM.
 `--model random-1b` has Llama-3.2-1B's layers: there a GPU calibration lasts long enough for more
 than the fixed start to show.
+
 `--model yardstick` runs the same comparison on the learned-weights yardstick
 (`compressflow.demo.yardstick`, 6 layers, 128 wide), calibrated on its training texts, and then
 scores the base model and both outputs on its held-out texts: the flow's defaults must cost no
@@ -70,28 +71,31 @@ PRESET = "W4A16"
 MODULE = "benchmarks.flow_vs_bare"
 
 
-def model_spec(name: str = "random"):
-    """random: 6 layers, 768 wide (the issue's benchmark size); random-1b: Llama-3.2-1B's layers
-    (16 x 2048, 8192 MLP, 32 heads, 8 KV heads) with a 2k vocabulary, 0.9B parameters, for a GPU
-    host where the small model's calibration takes seconds and the fixed overhead is all one sees.
-    """
-    from compressflow.demo.assets import TinyLlamaSpec
-
-    if name == "random-1b":
-        return TinyLlamaSpec(
-            hidden_size=2048,
-            intermediate_size=8192,
-            num_hidden_layers=16,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-        )
-    return TinyLlamaSpec(
+# The random-weight models, by --model: the issue's benchmark size, and Llama-3.2-1B's layers
+# (0.9B parameters, a 2k vocabulary) for a GPU host, where the small model's calibration takes
+# seconds and the fixed overhead is all one sees.
+RANDOM_MODELS = {
+    "random": dict(
         hidden_size=768,
         intermediate_size=2048,
         num_hidden_layers=6,
         num_attention_heads=12,
         num_key_value_heads=4,
-    )
+    ),
+    "random-1b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+    ),
+}
+
+
+def model_spec(name: str = "random"):
+    from compressflow.demo.assets import TinyLlamaSpec
+
+    return TinyLlamaSpec(**RANDOM_MODELS[name])
 
 
 # --- children -----------------------------------------------------------------------------------
@@ -398,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--model",
-        choices=["random", "random-1b", "yardstick"],
+        choices=[*RANDOM_MODELS, "yardstick"],
         default="random",
         help="random: a 6-layer, 768-wide random-weight Llama; random-1b: Llama-3.2-1B's layers "
         "with random weights (for a GPU host); yardstick: the learned-weights yardstick, with "
