@@ -252,7 +252,7 @@ def warm_up(*targets: Callable) -> None:
     from multiprocessing import forkserver
 
     _context(*targets)
-    with _main_script_not_rerun(), _fork_safe_cuda_check():
+    with _starting_children():
         forkserver.ensure_running()
 
 
@@ -301,6 +301,13 @@ def _fork_safe_cuda_check():
             os.environ[key] = before
 
 
+@contextmanager
+def _starting_children():
+    """Around whatever may start the forkserver or a child (`warm_up`, `run_isolated`)."""
+    with _main_script_not_rerun(), _fork_safe_cuda_check():
+        yield
+
+
 def run_isolated(
     target: Callable,
     args: tuple,
@@ -321,7 +328,7 @@ def run_isolated(
     process = context.Process(
         target=_child, args=(target, args, child_environment, sender, stderr_sender), name=what
     )
-    with _main_script_not_rerun(), _fork_safe_cuda_check():
+    with _starting_children():
         process.start()  # starts the forkserver too, when warm_up did not
     sender.close()
     stderr_sender.close()
