@@ -412,7 +412,7 @@ def int_weights(bits) -> dict:
 
 @pytest.mark.parametrize("bits", [0, -3, 1, 9, 1000])
 def test_an_integer_width_compressed_tensors_cannot_take_is_refused_before_calibration(bits):
-    # llm-compressor's parser takes any int; these failed, or quantized to nothing, only later.
+    # llm-compressor's parser takes any int, and nothing else looked before calibration.
     with pytest.raises(RecipeError) as err:
         render([int_weights(bits)])
     assert f"asks for {bits}-bit integers in config_groups.group_0.weights, outside 2 to 8" in (
