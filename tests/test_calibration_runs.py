@@ -129,6 +129,23 @@ def test_the_forkserver_asks_for_a_gpu_without_initializing_cuda():
     assert "PYTORCH_NVML_BASED_CUDA_CHECK" not in os.environ
 
 
+def copied_by_a_collection(events):
+    """MB of this child's pages that are its own (written since the fork) after a full GC."""
+    import gc
+
+    gc.collect()
+    rollup = Path("/proc/self/smaps_rollup").read_text()
+    return int(rollup.split("Private_Dirty:")[1].split()[0]) // 1024
+
+
+def test_a_child_keeps_sharing_the_forkservers_libraries_when_it_collects():
+    # Collected in the child, the forkserver's objects (torch, transformers, llm-compressor:
+    # hundreds of thousands) were written to by the collector, and the ~100 MB of pages holding
+    # them were copied into every child, counted twice in the worker's memory.
+    copied_mb = run_isolated(copied_by_a_collection, (), lambda kind, payload: None, "plan")
+    assert copied_mb < 40
+
+
 # --- Part B: the batch size each algorithm and each kind of data takes ----------------------------
 
 
