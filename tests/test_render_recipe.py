@@ -428,6 +428,26 @@ def test_an_integer_kv_cache_width_is_checked_too():
         render("W4A16", recipe_args={"kv_cache_scheme": kv})
 
 
+def group_weights(group_size) -> dict:
+    weights = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": group_size}
+    group = {"targets": ["Linear"], "weights": weights}
+    return {"GPTQModifier": {"ignore": ["lm_head"], "config_groups": {"group_0": group}}}
+
+
+@pytest.mark.parametrize("written", ["1e400", "'128'", "128 MB", "[128]", "{size: 128}", "true"])
+def test_a_group_size_that_is_not_a_number_is_refused_naming_where_it_is(written):
+    # compressed-tensors compared it before converting it: "'<' not supported between
+    # instances of 'str' and 'int'", naming no field; `true` was taken as a group of one.
+    recipe = yaml.safe_dump([group_weights(0)]).replace("group_size: 0", f"group_size: {written}")
+    with pytest.raises(RecipeError) as err:
+        render(recipe)
+    assert "GPTQModifier.config_groups.group_0.weights.group_size in default_stage" in (
+        err.value.problem
+    )
+    assert "not a whole number" in err.value.problem and "e.g. 128" in err.value.fix
+    assert render([group_weights(128)]).modifiers == ["GPTQModifier"]
+
+
 def test_a_modifier_with_both_a_scheme_and_config_groups_is_refused_at_render():
     both = int_weights(4)
     both["GPTQModifier"]["scheme"] = "W4A16"

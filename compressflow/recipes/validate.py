@@ -124,6 +124,37 @@ def check_ranges(recipe: dict[str, Any]) -> None:
                 )
 
 
+QUANTIZATION_ARGS = ("weights", "input_activations", "output_activations")
+
+
+def check_group_sizes(recipe: dict[str, Any]) -> None:
+    """Refuse a group_size that is not a whole number, naming where it is set.
+
+    compressed-tensors compares it with a number before pydantic converts it, so text (YAML reads
+    `1e400` or `128 MB` as a string), a list or a mapping failed with "'<' not supported between
+    instances of 'str' and 'int'", naming nothing; and `true` passed as a group of one weight.
+    """
+    for where, name, kwargs in iter_modifiers(recipe):
+        groups = kwargs.get("config_groups")
+        places = [
+            (f"config_groups.{group}.{part}", scheme.get(part))
+            for group, scheme in (groups.items() if isinstance(groups, dict) else [])
+            if isinstance(scheme, dict)
+            for part in QUANTIZATION_ARGS
+        ]
+        for place, args in [*places, ("kv_cache_scheme", kwargs.get("kv_cache_scheme"))]:
+            value = args.get("group_size") if isinstance(args, dict) else None
+            if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+                continue
+            raise RecipeError(
+                RECIPE_FIELD,
+                f"{name}.{place}.group_size in {where} is {value!r} ({type(value).__name__}), "
+                "not a whole number",
+                f"write group_size in {place} as a plain integer, e.g. 128 (a number with an "
+                "exponent such as 1e400 and quoted values are read as text)",
+            )
+
+
 def validate(recipe: dict[str, Any]) -> list[Modifier]:
     """The modifiers llm-compressor's parser builds; it may change `recipe`, so pass a copy."""
     # Imported here: llm-compressor takes seconds to import, and listing presets must not pay that.
@@ -139,6 +170,7 @@ def validate(recipe: dict[str, Any]) -> list[Modifier]:
                 f"llm-compressor 0.14's modifiers: {', '.join(known)}",
             )
     check_ranges(recipe)
+    check_group_sizes(recipe)
     try:
         modifiers = Recipe.from_dict(recipe).modifiers
     except ValidationError as exc:
