@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from compressflow.errors import CalibrationError, CompressflowError, InputError
 from compressflow.model.memory import GIB, has_images, make_plan
 from compressflow.params import CalibrationArgs, RecipeArgs
 from compressflow.recipes.render import render
+from compressflow.runtime import isolation
 from compressflow.runtime.isolation import in_child, run_isolated
 
 # --- Part A: the calibration process ends without a result ----------------------------------------
@@ -144,6 +146,37 @@ def test_a_child_keeps_sharing_the_forkservers_libraries_when_it_collects():
     # them were copied into every child, counted twice in the worker's memory.
     copied_mb = run_isolated(copied_by_a_collection, (), lambda kind, payload: None, "plan")
     assert copied_mb < 40
+
+
+def makes_a_lock(events):
+    """A named semaphore, as tqdm makes for its lock in every child that shows a bar: the
+    names it added to /dev/shm."""
+    import multiprocessing
+
+    global LOCK
+    before = set(os.listdir("/dev/shm"))
+    LOCK = multiprocessing.RLock()
+    return set(os.listdir("/dev/shm")) - before
+
+
+def test_a_child_unlinks_the_semaphores_it_made_before_it_is_stopped():
+    # Stopped as soon as its result came, a child never ran the finalizer that unlinks them:
+    # each stayed in /dev/shm, and the task's process warned of "leaked semaphore objects".
+    made = run_isolated(makes_a_lock, (), lambda kind, payload: None, "calibration")
+    assert made and not made & set(os.listdir("/dev/shm"))
+
+
+def hangs_in_its_exit(events):
+    from multiprocessing import util
+
+    util.Finalize(None, time.sleep, (600,), exitpriority=0)
+    return "done"
+
+
+def test_a_child_whose_exit_hangs_is_still_stopped():
+    started = time.monotonic()
+    assert run_isolated(hangs_in_its_exit, (), lambda kind, payload: None, "plan") == "done"
+    assert time.monotonic() - started < isolation.EXIT_GRACE_SECONDS + 10
 
 
 # --- Part B: the batch size each algorithm and each kind of data takes ----------------------------

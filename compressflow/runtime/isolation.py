@@ -47,6 +47,8 @@ from compressflow.logs import run_logger
 
 PRELOAD = ["torch", "transformers", "llmcompressor", "datasets"]
 KILL_GRACE_SECONDS = 10
+# A child that has sent its end is exiting (milliseconds, as a rule): how long it may take.
+EXIT_GRACE_SECONDS = 2
 TAIL_LINES = 6  # the child's last words kept for the error
 _PROGRESS_BAR = re.compile(r"\d+%\|")  # tqdm redraws: noise, not last words
 _COLOUR = re.compile(r"\x1b\[[0-9;]*m")
@@ -339,6 +341,7 @@ def run_isolated(
     stderr_sender.close()
     log = run_logger(__name__)
     tail = _Tail()
+    said_its_end = False
     try:
         while True:
             # A wait with a timeout, not a blocking recv: a timeout or cancellation raised into
@@ -359,6 +362,7 @@ def run_isolated(
                 tail.drain(stderr)
                 raise _died(what, process.exitcode, tail) from None
             if kind in ("result", "error", "ended"):
+                said_its_end = True
                 tail.drain(stderr)  # what it printed last, before its last message
             if kind == "result":
                 return payload
@@ -377,6 +381,11 @@ def run_isolated(
             else:
                 on_event(kind, payload)
     finally:
+        if said_its_end:
+            # Its exit runs multiprocessing's finalizers, which unlink the named semaphores it
+            # made (tqdm's lock, in every child that shows a progress bar). Stopped at once, it
+            # left each in /dev/shm and a "leaked semaphore objects" warning at the task's exit.
+            process.join(EXIT_GRACE_SECONDS)
         receiver.close()
         stderr.close()
         if process.is_alive():
