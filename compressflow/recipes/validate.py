@@ -124,6 +124,7 @@ def check_ranges(recipe: dict[str, Any]) -> None:
                 )
 
 
+# The parts of a config group that hold quantization arguments (num_bits, group_size, ...).
 QUANTIZATION_ARGS = ("weights", "input_activations", "output_activations")
 
 
@@ -213,7 +214,7 @@ def check_bit_widths(modifiers: list[Modifier]) -> None:
         parts = [
             (f"config_groups.{group}.{part}", getattr(scheme, part))
             for group, scheme in config.config_groups.items()
-            for part in ("weights", "input_activations", "output_activations")
+            for part in QUANTIZATION_ARGS
         ]
         for where, args in [*parts, ("kv_cache_scheme", config.kv_cache_scheme)]:
             if args is not None and args.type == "int" and args.num_bits not in INT_BITS:

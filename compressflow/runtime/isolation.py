@@ -95,7 +95,7 @@ def _how_it_ended(exc: BaseException) -> str:
 def _child(target: Callable, args: tuple, environment: dict[str, str], conn, stderr_conn) -> None:
     # What the forkserver imported goes to the permanent generation. Collected here, every one of
     # its objects would be written to (the collector's own fields), copying each page that holds
-    # one from the forkserver into this child: about 100 MB of libraries' objects, counted twice.
+    # one from the forkserver into this child: over 100 MB of libraries' objects, counted twice.
     gc.freeze()
     # The forkserver's environment is the one it started with; the task's may have changed since.
     os.environ.clear()
