@@ -121,6 +121,34 @@ def to_device(value, device):
     return value
 
 
+def _state_of(modules, names: dict[int, str]) -> dict:
+    """The parameters and buffers of `modules`, by qualified name, on the CPU for safetensors.
+
+    A CPU tensor is written from its own memory. Copied are only what safetensors cannot
+    write as it is: a tensor sharing memory with another (tied weights) or a view of part of
+    a larger one.
+    """
+    import torch
+
+    tensors, storages = {}, set()
+    for module in modules:
+        for attribute, value in [
+            *module.named_parameters(recurse=False),
+            *module.named_buffers(recurse=False),
+        ]:
+            tensor = value.detach().to("cpu")
+            storage = tensor.untyped_storage()
+            if (
+                storage.data_ptr() in storages
+                or storage.nbytes() != tensor.nbytes
+                or not tensor.is_contiguous()
+            ):
+                tensor = tensor.clone(memory_format=torch.contiguous_format)
+            storages.add(tensor.untyped_storage().data_ptr())
+            tensors[f"{names[id(module)]}.{attribute}"] = tensor
+    return tensors
+
+
 class CalibrationCheckpoint:
     """Saves finished subgraphs and activations; finds, validates and restores a checkpoint.
 
@@ -246,19 +274,13 @@ class CalibrationCheckpoint:
         files.pop(previous["acts"], None)
         names = {id(module): name for name, module in model.named_modules()}
         layers = list(previous["layers"])
-        for saved_pass in sorted({p for p, _, _ in self.pending}):
-            tensors = {}
-            for _, _, modules in (entry for entry in self.pending if entry[0] == saved_pass):
-                for module in modules:
-                    prefix = names[id(module)]
-                    for attribute, value in [
-                        *module.named_parameters(recurse=False),
-                        *module.named_buffers(recurse=False),
-                    ]:
-                        tensors[f"{prefix}.{attribute}"] = value.detach().cpu().clone()
-            last = max(s for p, s, _ in self.pending if p == saved_pass)
-            name = f"layers/p{saved_pass}-s{last}.safetensors"
+        # One file per subgraph: a save holds one subgraph's tensors at a time, not every one
+        # finished since the last save (at 600 s on a GPU, much of the model: a copy of it).
+        for saved_pass, subgraph, modules in self.pending:
+            tensors = _state_of(modules, names)
+            name = f"layers/p{saved_pass}-s{subgraph}.safetensors"
             write_atomic(self.folder / name, lambda p, t=tensors: save_file(t, p))
+            del tensors
             layers.append(name)
             files[name] = sha256_of(self.folder / name)
 
