@@ -4,9 +4,10 @@ The sequential pipeline (compat.resumable_pipeline, the library has no resume of
 every finished subgraph to a `CalibrationCheckpoint`. At most every `interval_s` seconds it
 saves, under `<cache root>/calibration-resume/<run>/`:
 
-- `layers/p<pass>-s<subgraph>.safetensors`: the parameters and buffers of the subgraphs finished
-  since the last save, as calibration left them (weights quantize-dequantized, scales, zero
-  points, smoothing); immutable once written, so each save writes only what is new;
+- `layers/p<pass>-s<subgraph>.safetensors`: the parameters and buffers of one finished subgraph,
+  as calibration left them (weights quantize-dequantized, scales, zero points, smoothing);
+  immutable once written, so each save writes only the subgraphs finished since the last, one
+  file at a time (a save holds one subgraph's tensors, never the model's);
 - `acts-p<pass>-s<subgraph>.pt`: the activations that feed the next subgraph (absent at the end
   of a pass: the next pass starts from the dataset);
 - `manifest.json`: which of those files make the checkpoint, with their sha256, and where to
