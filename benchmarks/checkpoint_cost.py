@@ -14,6 +14,13 @@ three variants, each run in a fresh process and interleaved round by round:
     OMP_NUM_THREADS=1 python -m benchmarks.checkpoint_cost [--repeats 3] [--samples 32] [--max-seq-len 128]
 
 Target: default / off <= 1.05 (issue #24). Medians; exits 1 when the target is missed.
+
+    python -m benchmarks.checkpoint_cost --save-memory [--layers 8]
+
+instead measures what one save holds: `--layers` decoder layers shaped as Llama-3.2-1B's (2048
+wide, 8192 intermediate, float32: 232 MB each) finished since the last save, one save, in a
+fresh process; how far its peak RSS rises above its RSS. Target: at most one layer's size (a
+save holds one subgraph's tensors at a time, issue #23).
 """
 
 from __future__ import annotations
@@ -78,13 +85,70 @@ def one_run(variant: str, root: Path, samples: int, max_seq_len: int) -> None:
     print_result({"seconds": seconds, "cpu_seconds": cpu, "checkpoint_bytes": saved})
 
 
+LLAMA_1B_LAYER = (
+    [(2048, 2048), (2048, 512), (2048, 512), (2048, 2048)] + [(2048, 8192)] * 2 + [(8192, 2048)]
+)
+
+
+def save_memory(layers: int, root: Path) -> None:
+    """In a child process: one save after `layers` Llama-3.2-1B-shaped decoder layers; print the
+    weights it wrote and how far the peak RSS rose while it saved."""
+    import torch
+
+    from compressflow.runtime.resume import CalibrationCheckpoint, checkpoint_key
+
+    def status_mb(field: str) -> int:
+        line = next(x for x in Path("/proc/self/status").read_text().splitlines() if field in x)
+        return int(line.split()[1]) // 1024
+
+    subgraphs = [
+        [torch.nn.Linear(i, o, bias=False) for i, o in LLAMA_1B_LAYER] for _ in range(layers)
+    ]
+    model = torch.nn.ModuleList(torch.nn.ModuleList(modules) for modules in subgraphs)
+    checkpoint = CalibrationCheckpoint(root / "save-memory", checkpoint_key(run="m"), 1e9)
+    for index, modules in enumerate(subgraphs):
+        checkpoint.subgraph_done(model, 0, index, layers, modules, None)
+    Path("/proc/self/clear_refs").write_text("5")  # the peak starts again from here
+    before, started = status_mb("VmRSS"), time.perf_counter()
+    checkpoint.save(model, 0, layers - 1, layers, None)
+    print_result(
+        {
+            "pending_mb": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20,
+            "layer_mb": sum(i * o * 4 for i, o in LLAMA_1B_LAYER) / 2**20,
+            "growth_mb": status_mb("VmHWM") - before,
+            "seconds": time.perf_counter() - started,
+        }
+    )
+
+
+def report_save_memory(layers: int) -> int:
+    with tempfile.TemporaryDirectory(prefix="checkpoint-save-") as tmp:
+        child = ["benchmarks.checkpoint_cost", "--save-memory-child", str(layers), tmp]
+        result = run_child(child, dict(os.environ), Path(tmp) / "log.txt").result
+    met = result["growth_mb"] <= result["layer_mb"]
+    print(
+        f"one save of {layers} layers ({result['pending_mb']:.0f} MB of weights) in "
+        f"{result['seconds']:.1f} s: peak RSS +{result['growth_mb']:.0f} MB (target <= one "
+        f"layer, {result['layer_mb']:.0f} MB): {'met' if met else 'MISSED'}"
+    )
+    return 0 if met else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--samples", type=int, default=32)
     parser.add_argument("--max-seq-len", type=int, default=128)
     parser.add_argument("--one", nargs=2, metavar=("VARIANT", "ROOT"), help=argparse.SUPPRESS)
+    parser.add_argument("--save-memory", action="store_true", help="what one save holds")
+    parser.add_argument("--layers", type=int, default=8, help="layers pending for --save-memory")
+    parser.add_argument("--save-memory-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.save_memory_child:
+        save_memory(int(args.save_memory_child[0]), Path(args.save_memory_child[1]))
+        return 0
+    if args.save_memory:
+        return report_save_memory(args.layers)
     if args.one:
         one_run(args.one[0], Path(args.one[1]), args.samples, args.max_seq_len)
         return 0
