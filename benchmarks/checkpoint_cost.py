@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import median, print_result, run_child
+from benchmarks.common import median, own_peak_mb, print_result, run_child
 
 TARGET_RATIO = 1.05
 VARIANTS = ("off", "default", "every subgraph")
@@ -97,10 +97,6 @@ def save_memory(layers: int, root: Path) -> None:
 
     from compressflow.runtime.resume import CalibrationCheckpoint, checkpoint_key
 
-    def status_mb(field: str) -> int:
-        line = next(x for x in Path("/proc/self/status").read_text().splitlines() if field in x)
-        return int(line.split()[1]) // 1024
-
     subgraphs = [
         [torch.nn.Linear(i, o, bias=False) for i, o in LLAMA_1B_LAYER] for _ in range(layers)
     ]
@@ -108,14 +104,15 @@ def save_memory(layers: int, root: Path) -> None:
     checkpoint = CalibrationCheckpoint(root / "save-memory", checkpoint_key(run="m"), 1e9)
     for index, modules in enumerate(subgraphs):
         checkpoint.subgraph_done(model, 0, index, layers, modules, None)
-    Path("/proc/self/clear_refs").write_text("5")  # the peak starts again from here
-    before, started = status_mb("VmRSS"), time.perf_counter()
+    # This process's own counter: the kernel restarts its peak (VmHWM) from what it holds now.
+    Path("/proc/self/clear_refs").write_text("5")
+    before, started = own_peak_mb(), time.perf_counter()
     checkpoint.save(model, 0, layers - 1, layers, None)
     print_result(
         {
             "pending_mb": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20,
             "layer_mb": sum(i * o * 4 for i, o in LLAMA_1B_LAYER) / 2**20,
-            "growth_mb": status_mb("VmHWM") - before,
+            "growth_mb": own_peak_mb() - before,
             "seconds": time.perf_counter() - started,
         }
     )
