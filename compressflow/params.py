@@ -293,6 +293,14 @@ class CalibrationArgs(_Args):
         "crash resumes from the last finished layer; 0: after every layer; negative: never. "
         "Deleted once the model is published.",
     )
+    threads: int = Field(
+        default=0,
+        ge=0,
+        le=1024,
+        description="CPU threads calibration runs (torch, OpenMP, tokenizers). 0: the CPUs this "
+        "worker may use (its affinity mask and cgroup CPU quota, not the host's core count), "
+        "shared with the other compressflow processes computing on this host.",
+    )
 
 
 class OutputArgs(_Args):

@@ -224,6 +224,11 @@ class MemoryPlan(BaseModel):
         description="Disk the calibration checkpoint may take: the weights once per sequential "
         "pass, plus the activations between layers.",
     )
+    threads: int = Field(
+        default=0,
+        description="CPU threads calibration starts with (0: not planned); an automatic count "
+        "follows the computing processes on the host while it runs (a note says why).",
+    )
     notes: list[str] = Field(default_factory=list, description="Why the plan chose what it did.")
 
     def summary(self) -> str:

@@ -61,6 +61,7 @@ from compressflow.results import (
     RenderedRecipe,
     gib,
 )
+from compressflow.runtime import cpus
 from compressflow.runtime.distributed import run_distributed
 from compressflow.runtime.gpus import gpu_slots
 from compressflow.runtime.isolation import run_isolated
@@ -326,8 +327,10 @@ def calibrate(
         if calibration.gpus > 1:
             result = run_distributed(*job, calibration.gpus, devices, on_event, "calibration")
         else:
-            visible = {"CUDA_VISIBLE_DEVICES": ",".join(devices)} if devices else {}
-            result = run_isolated(*job, on_event, "calibration", visible)
+            environment = {"CUDA_VISIBLE_DEVICES": ",".join(devices)} if devices else {}
+            if calibration.threads:
+                environment[cpus.OVERRIDE] = str(calibration.threads)
+            result = run_isolated(*job, on_event, "calibration", environment)
     if progress:
         progress[0].finish()
         result = result.model_copy(update={"layers": progress[0].layers})

@@ -20,6 +20,7 @@ from compressflow.params import CalibrationArgs, RecipeArgs
 from compressflow.reporting import tracking
 from compressflow.reporting.progress import sequential_passes
 from compressflow.results import BuiltDataset, FetchedModel, MemoryPlan, RenderedRecipe, gib
+from compressflow.runtime import cpus
 from compressflow.runtime.isolation import in_child
 from compressflow.runtime.resume import checkpoint_folder
 
@@ -39,6 +40,7 @@ def plan_memory(
         plan_for, model, recipe, dataset, args, Path(target), recipe_args.sequential_targets
     )
     plan = with_checkpoints(plan, recipe, dataset, recipe_args, args, run_key)
+    plan = with_threads(plan, args)
     log = run_logger(__name__)
     log.info("Memory plan: %s", plan.summary())
     for note in plan.notes:
@@ -86,3 +88,15 @@ def with_checkpoints(
             "checkpoint_bytes": needed,
         }
     )
+
+
+def with_threads(plan: MemoryPlan, args: CalibrationArgs) -> MemoryPlan:
+    """The CPU threads calibration will start with, and why (compressflow.runtime.cpus)."""
+    if args.threads:
+        threads, why = args.threads, "fixed by calibration.threads"
+    else:
+        # Counted as calibration will count it: the computing processes now, plus itself.
+        share = cpus.share(cpus.Ledger(), joining=True)
+        threads, why = share.threads, share.why
+    note = f"threads: {threads} ({why})"
+    return plan.model_copy(update={"threads": threads, "notes": [*plan.notes, note]})

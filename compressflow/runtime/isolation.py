@@ -44,6 +44,7 @@ from typing import Any
 
 from compressflow.errors import CalibrationError, CompressflowError
 from compressflow.logs import run_logger
+from compressflow.runtime.cpus import ChildThreads
 
 PRELOAD = ["torch", "transformers", "llmcompressor", "datasets"]
 KILL_GRACE_SECONDS = 10
@@ -105,20 +106,32 @@ def _child(target: Callable, args: tuple, environment: dict[str, str], conn, std
     os.dup2(stderr_conn.fileno(), 2)
     stderr_conn.close()
     faulthandler.enable()
-    serve(conn, target, args)
+    # Threads sized to this worker's CPUs and the children computing beside this one, re-counted
+    # at each event (compressflow.runtime.cpus).
+    threads = ChildThreads()
+    try:
+        serve(conn, target, args, threads.refresh)
+    finally:
+        threads.close()
 
 
-def serve(conn, target: Callable, args: tuple) -> None:
+def serve(conn, target: Callable, args: tuple, on_event: Callable[[], None] = lambda: None) -> None:
     """Run `target` in this process, sending its logs, events and end over `conn`.
 
     What a calibration process does, whoever started it (a forkserver, or torchrun for a rank).
+    `on_event` runs in this process at each event `target` sends.
     """
     logger = logging.getLogger("compressflow")
     logger.addHandler(_PipeHandler(conn))
     logger.setLevel(logging.INFO)
     logger.propagate = False
+
+    def events(kind: str, payload: Any = None) -> None:
+        conn.send((kind, payload))
+        on_event()
+
     try:
-        result = target(*args, events=lambda kind, payload=None: conn.send((kind, payload)))
+        result = target(*args, events=events)
         conn.send(("result", result))
     except Exception as exc:  # goes back to the task, which re-raises it
         conn.send(("error", (_picklable(exc), _picklable(exc.__cause__), traceback.format_exc())))
