@@ -9,6 +9,9 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export TOKENIZERS_PARALLELISM ?= false
 
+# Extra pytest options, e.g. PYTEST_ARGS=--durations=20 (CI prints the slowest tests).
+PYTEST_ARGS ?=
+
 .PHONY: demo test unit matrix lint format clean screenshots vllm-env
 
 # torch first, pinned: resolving a bare torch pulls the newest CUDA build (several GB).
@@ -38,17 +41,17 @@ demo: $(STAMP)
 
 # Every behaviour, one end-to-end run each; the slow matrices run in `make matrix`.
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not matrix"
+	$(PY) -m pytest -q -m "not matrix" $(PYTEST_ARGS)
 
 # The fast tests alone: no Prefect server, no end-to-end run.
 unit: $(STAMP)
-	$(PY) -m pytest -q -m "not e2e and not matrix"
+	$(PY) -m pytest -q -m "not e2e and not matrix" $(PYTEST_ARGS)
 
 # The slow set: the architecture and preset matrices (every family and CPU preset end to end)
 # and the longest end-to-end drills (multi-process faults, torchrun launches); CI runs it after
 # `make test`.
 matrix: $(STAMP)
-	$(PY) -m pytest -q -m matrix
+	$(PY) -m pytest -q -m matrix $(PYTEST_ARGS)
 
 # Formatter, linter and the import-layers contract (pyproject.toml), as CI runs them.
 lint: $(STAMP)
