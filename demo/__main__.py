@@ -65,9 +65,25 @@ def main() -> None:
     print(f"vLLM: {vllm_line(manifest.verification.vllm if manifest.verification else None)}")
     print(f"Model card: {Path(published.path, CARD)}")
     print("Stage times:")
-    for stage in published.stages:
-        print(f"  {stage.name:<20} {stage.seconds:8.2f} s{'  (cached)' if stage.cached else ''}")
+    for line in stage_lines(published.stages, manifest.stages if published.reused else []):
+        print(f"  {line}")
     print(f"Total, with start-up: {time.perf_counter() - started:.1f} s")
+
+
+def stage_lines(ran: list, made: list) -> list[str]:
+    """Every stage of the pipeline: this run's, then those a reused output's run did (`made`,
+    from its manifest), which this run skipped."""
+    lines = [f"{s.name:<20} {s.seconds:8.2f} s{'  (cached)' if s.cached else ''}" for s in ran]
+    done = {s.name for s in ran}
+    for stage in made:
+        if stage.name not in done:
+            done.add(stage.name)
+            lines.append(
+                f"{stage.name:<20}     not run: reused output ({stage.seconds:.2f} s then)"
+            )
+    if made and "publish" not in done:  # the manifest is written inside publish: not listed
+        lines.append(f"{'publish':<20}     not run: reused output")
+    return lines
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ from compressflow.tasks.build_held_out import build_held_out
 from compressflow.tasks.calibrate import calibrate, calibrate_here
 from compressflow.tasks.publish import publish, summarize_reused
 from compressflow.tasks.search_target import search_target
-from compressflow.tasks.verify import verify
+from compressflow.tasks.verify import verify, verify_reused, vllm_not_run
 
 
 def run_name() -> str:
@@ -151,6 +151,8 @@ def run_stages(
         remove_leftovers(target)
         if existing := find_published(target, resolved.key):
             log.info("Reusing %s: it was published from the same model, data and recipe", target)
+            if vllm_not_run(existing, verify_args):  # vLLM arrived since: checked now
+                stages.run(verify_reused, existing, resolved.model, verify_args)
             reused = existing.model_copy(update={"stages": stages.records})
             summarize_reused(reused)
             return reused

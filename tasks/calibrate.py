@@ -35,6 +35,7 @@ from compressflow.data.user_code import import_callable
 from compressflow.data.vision import collate_one
 from compressflow.errors import CalibrationError, first_line
 from compressflow.logs import run_logger
+from compressflow.model import cpus
 from compressflow.model.memory import load_offloaded, stage_offload_folder
 from compressflow.params import CalibrationArgs, RecipeArgs, VerifyArgs
 from compressflow.registries.architectures import ARCHITECTURES
@@ -61,7 +62,6 @@ from compressflow.results import (
     RenderedRecipe,
     gib,
 )
-from compressflow.runtime import cpus
 from compressflow.runtime.distributed import run_distributed
 from compressflow.runtime.gpus import gpu_slots
 from compressflow.runtime.isolation import run_isolated

@@ -1,7 +1,7 @@
 """Compare models: scores the compressed model against its base on held-out text.
 
 Both models read the same tokenized samples; `compressflow.reporting.quality` says what is measured.
-The engine is transformers (both models in this process) or vLLM, the server users run on GPUs
+The engine is transformers (both models in a child process, compressflow.runtime.isolation) or vLLM, the server users run on GPUs
 (`compressflow.model.serving`, in the vLLM environment): vLLM returns top tokens, not whole
 distributions, so its report has no KL divergence.
 """
@@ -18,6 +18,7 @@ from compressflow.logs import run_logger
 from compressflow.model.serving import serve_and_score
 from compressflow.reporting.quality import load_causal_lm, score
 from compressflow.results import FetchedModel, HeldOutText, QualityMetrics
+from compressflow.runtime.isolation import in_child
 
 
 def score_in_vllm(base: FetchedModel, compressed_path: str, held_out: HeldOutText):
@@ -31,6 +32,14 @@ def score_in_vllm(base: FetchedModel, compressed_path: str, held_out: HeldOutTex
     return served.metrics
 
 
+def score_with_transformers(
+    base: FetchedModel, compressed_path: str, held_out: HeldOutText
+) -> QualityMetrics:
+    base_model = load_causal_lm(base.path, base.model_class, base.trust_remote_code)
+    compressed = load_causal_lm(compressed_path, base.model_class, base.trust_remote_code)
+    return score(base_model, compressed, held_out.input_ids)
+
+
 @task(name="compare models", cache_policy=NO_CACHE)
 def compare_models(
     base: FetchedModel,
@@ -42,10 +51,8 @@ def compare_models(
     devices at once; vLLM: one after the other)."""
     if engine == "vllm":
         metrics = score_in_vllm(base, compressed_path, held_out)
-    else:
-        base_model = load_causal_lm(base.path, base.model_class, base.trust_remote_code)
-        compressed = load_causal_lm(compressed_path, base.model_class, base.trust_remote_code)
-        metrics = score(base_model, compressed, held_out.input_ids)
+    else:  # in a child: torch and both models stay out of the flow's process
+        metrics = in_child(score_with_transformers, base, compressed_path, held_out)
     kl = "" if metrics.kl_divergence is None else f", KL {metrics.kl_divergence:.5f} nats/token"
     run_logger(__name__).info(
         "%s: perplexity %.3f -> %.3f (%+.2f%%)%s, top-1 agreement %.1f%% over %d tokens",

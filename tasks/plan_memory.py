@@ -15,12 +15,12 @@ from prefect.cache_policies import NO_CACHE
 
 from compressflow.errors import ResourceError
 from compressflow.logs import run_logger
+from compressflow.model import cpus
 from compressflow.model.memory import plan_for
 from compressflow.params import CalibrationArgs, RecipeArgs
 from compressflow.reporting import tracking
 from compressflow.reporting.progress import sequential_passes
 from compressflow.results import BuiltDataset, FetchedModel, MemoryPlan, RenderedRecipe, gib
-from compressflow.runtime import cpus
 from compressflow.runtime.isolation import in_child
 from compressflow.runtime.resume import checkpoint_folder
 
@@ -91,7 +91,7 @@ def with_checkpoints(
 
 
 def with_threads(plan: MemoryPlan, args: CalibrationArgs) -> MemoryPlan:
-    """The CPU threads calibration will start with, and why (compressflow.runtime.cpus)."""
+    """The CPU threads calibration will start with, and why (compressflow.model.cpus)."""
     if args.threads:
         threads, why = args.threads, "fixed by calibration.threads"
     else:

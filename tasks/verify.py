@@ -54,14 +54,14 @@ from compressflow.errors import VerificationError
 from compressflow.logs import run_logger
 from compressflow.model.checkpoint import tensor_index
 from compressflow.model.memory import load_offloaded, stage_offload_folder
-from compressflow.model.serving import serve_and_score
+from compressflow.model.serving import serve_and_score, vllm_python
 from compressflow.model.streaming import streamed_model
 from compressflow.model.tracing import meta_model, unloaded_tensors
 from compressflow.params import DEFAULT_MODEL_CLASS, VerifyArgs
 from compressflow.registries.thresholds import scheme_family
 from compressflow.reporting import tracking
 from compressflow.reporting.artifacts import artifact_key, display_name, logit_figures
-from compressflow.reporting.model_card import verification_list
+from compressflow.reporting.model_card import edit_card, verification_list, with_verification
 from compressflow.reporting.quality import (
     TOKENS_PER_FORWARD,
     compare_logits,
@@ -75,12 +75,14 @@ from compressflow.results import (
     Calibration,
     FetchedModel,
     MemoryPlan,
+    PublishedModel,
     RenderedRecipe,
     ServingCheck,
     Verification,
     VerificationCheck,
 )
 from compressflow.runtime.isolation import in_child
+from compressflow.store.manifest import read_manifest, replace_manifest
 
 # Which parameter each failed check points at, and what to do about it. "recipe" stands for the
 # one the user gave the recipe in (recipe.preset or recipe.recipe).
@@ -642,3 +644,57 @@ def verify(
             FIXES[first.name],
         )
     return result
+
+
+def vllm_not_run(published: PublishedModel, args: VerifyArgs) -> bool:
+    """Whether a reused output was published without vLLM's check (no vLLM environment then)
+    and this worker can run it now: then a reuse checks it rather than report a stale "not
+    checked". An output vLLM ran on and could not serve on that host is not checked again."""
+    if args.vllm == "off" or vllm_python() is None:
+        return False
+    manifest = read_manifest(Path(published.path))
+    served = manifest.verification.vllm if manifest and manifest.verification else None
+    return served is None or served.vllm_version is None
+
+
+def serve_published(
+    published: PublishedModel, model: FetchedModel, args: VerifyArgs
+) -> tuple[VerificationCheck, ServingCheck | None]:
+    """vLLM's check of a published folder, on the held-out tokens verify uses."""
+    prompts = reference_samples(load_processor(model), args)
+    return check_vllm(Path(published.path), model, prompts, args)
+
+
+@task(name="verify", cache_policy=NO_CACHE)
+def verify_reused(published: PublishedModel, model: FetchedModel, args: VerifyArgs) -> None:
+    """Serve a reused output in vLLM (`vllm_not_run`) and record the verdict in its manifest and
+    model card; VerificationError when vLLM refuses it or it misses vLLM's limits."""
+    folder = Path(published.path)
+    check, served = in_child(serve_published, published, model, args)
+    manifest = read_manifest(folder)
+    checks = [c for c in manifest.verification.checks if c.name != check.name] + [check]
+    manifest.verification = manifest.verification.model_copy(
+        update={
+            "checks": checks,
+            "vllm": served,
+            "passed": all(c.passed or not c.checked for c in checks),
+        }
+    )
+    replace_manifest(folder, manifest)
+    edit_card(folder, lambda card: with_verification(card, manifest))
+    log = run_logger(__name__)
+    (log.info if check.passed else log.error if check.checked else log.warning)(
+        "verify %s (reused output, published %s): %s: %s",
+        check.name,
+        manifest.created_at,
+        check.verdict(),
+        check.detail,
+    )
+    tracking.log_result(manifest.verification)
+    if not manifest.verification.passed:
+        raise VerificationError(
+            FIELDS[check.name],
+            f"{folder} was published without vLLM's check (none was available then), and vLLM "
+            f"fails it now: {check.detail}; its manifest and card say so",
+            FIXES[check.name] + "; rerun with output.overwrite: true to compress it again",
+        )

@@ -154,6 +154,15 @@ def test_second_run_reuses_cached_stages_and_the_published_output(
     assert stage(second, "fetch model").cached and stage(second, "build dataset").cached
     assert stage(second, "render recipe").cached
     assert "calibrate" not in {s.name for s in second.stages}
+    # The demo's summary still lists every stage: the skipped ones from the run that made it.
+    from compressflow.demo.__main__ import stage_lines
+    from compressflow.store.manifest import read_manifest
+
+    first_lines = stage_lines(first.stages, [])
+    second_lines = stage_lines(second.stages, read_manifest(Path(second.path)).stages)
+    assert [line.split()[0] for line in first_lines] == [s.name.split()[0] for s in first.stages]
+    assert len(first_lines) == 9 and len(second_lines) == 9
+    assert sum("not run: reused output" in line for line in second_lines) == 9 - len(second.stages)
 
     # A new recipe argument recalibrates, but still reuses the fetched model and dataset.
     third = compress(

@@ -1,5 +1,5 @@
 """Children size their threads to the CPUs this worker may use, shared with the host's other
-computing children (compressflow.runtime.cpus), never to the host's core count."""
+computing children (compressflow.model.cpus), never to the host's core count."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from compressflow.runtime import cpus
+from compressflow.model import cpus
 from compressflow.runtime.isolation import in_child
 
 AFFINITY = len(os.sched_getaffinity(0))
@@ -67,7 +67,7 @@ def test_usable_cpus_is_the_smallest_of_affinity_and_quota(tmp_path, membership,
 
 
 def test_affinity_mask_limits_the_count():
-    script = "from compressflow.runtime import cpus; print(cpus.usable_cpus()[0])"
+    script = "from compressflow.model import cpus; print(cpus.usable_cpus()[0])"
     shown = subprocess.run(
         ["taskset", "-c", "0", sys.executable, "-c", script], capture_output=True, text=True
     )
@@ -79,7 +79,7 @@ def test_affinity_mask_limits_the_count():
 def holder(folder: Path) -> subprocess.Popen:
     """Another computing process on this host: a process that joined the ledger."""
     code = (
-        "import sys, time; from pathlib import Path; from compressflow.runtime import cpus; "
+        "import sys, time; from pathlib import Path; from compressflow.model import cpus; "
         f"held = cpus.Ledger(Path({str(folder)!r})); held.join(); print('joined', flush=True); "
         "time.sleep(60)"
     )

@@ -228,6 +228,53 @@ def test_the_published_model_carries_vllms_score_in_manifest_and_card(w4a16_run,
     assert f"vllm serve {folder}" in card.text and w4a16_run.published.run_key in card.text
 
 
+def test_a_reused_output_published_without_vllm_is_checked_once_vllm_is_there(
+    w4a16_run, with_vllm, tmp_path
+):
+    """The shared output, as a worker without vLLM would have published it: rerun where vLLM now
+    is, the reuse serves it and its manifest and card say what vLLM made of it, not a stale "not
+    checked"; the next reuse serves it no more."""
+    from huggingface_hub import ModelCard
+
+    from compressflow.flows.compress import compress
+    from compressflow.reporting.model_card import vllm_line, with_verification
+    from compressflow.store.manifest import read_manifest, replace_manifest
+
+    folder = tmp_path / "published-without-vllm"
+    shutil.copytree(w4a16_run.published.path, folder)
+    manifest = read_manifest(folder)
+    no_environment = ServingCheck(outcome="not checked", reason="no vLLM environment configured")
+    unchecked = VerificationCheck(
+        name="vllm", passed=False, checked=False, detail=no_environment.reason
+    )
+    checks = [c for c in manifest.verification.checks if c.name != "vllm"] + [unchecked]
+    manifest.verification = manifest.verification.model_copy(
+        update={"checks": checks, "vllm": no_environment}
+    )
+    replace_manifest(folder, manifest)
+    (folder / "README.md").write_text(
+        with_verification((folder / "README.md").read_text(), manifest)
+    )
+    assert f"- **vLLM**: {vllm_line(no_environment)}" in (folder / "README.md").read_text()
+
+    params = {
+        **w4a16_run.params,
+        "output": w4a16_run.params["output"].model_copy(update={"save_directory": str(folder)}),
+    }
+    again = compress(**params)
+
+    assert again.reused and [s.name for s in again.stages][-1] == "verify"
+    served = read_manifest(folder).verification.vllm
+    assert served.vllm_version == "0.32.0"
+    assert served.outcome == ("served" if cpu_has("avx512f") else "not checked")
+    card = ModelCard.load(folder / "README.md").text
+    assert vllm_line(no_environment) not in card and f"- **vLLM**: {vllm_line(served)}" in card
+    assert "- **vllm**: " in card  # the verification list has the check's new line
+    assert not list(folder.glob(".*.tmp"))
+    # Checked now: the next reuse does not serve it again.
+    assert "verify" not in [s.name for s in compress(**params).stages]
+
+
 @pytest.mark.matrix
 def test_an_output_vllm_refuses_is_refused_with_vllms_root_cause(w4a16_run, with_vllm, tmp_path):
     broken = tmp_path / "broken"

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from compressflow.errors import InputError
 from compressflow.limits import read_json
+from compressflow.model import cpus
 from compressflow.results import QualityMetrics, ServingCheck
 from compressflow.settings import settings
 
@@ -98,6 +99,11 @@ def kernel_limit(error: str) -> str | None:
 
 def child_environment() -> dict[str, str]:
     env = {name: value for name, value in os.environ.items() if not PRIVATE.match(name.upper())}
+    # vLLM in one process (below) binds no threads: its pools read these. A stage's child has set
+    # them to its share already (compressflow.model.cpus); elsewhere, the share it would get.
+    if cpus.THREAD_VARIABLES[0] not in env:
+        threads = str(cpus.share(cpus.Ledger(), joining=True).threads)
+        env.update(dict.fromkeys(cpus.THREAD_VARIABLES, threads))
     env.update(
         HF_HUB_OFFLINE="1",  # both models are local folders
         VLLM_ENABLE_V1_MULTIPROCESSING="0",  # an engine per model in this process: seconds

@@ -228,9 +228,33 @@ def with_evaluation(card: str, section: str) -> str:
     return card.rstrip("\n") + "\n\n" + section
 
 
+def with_verification(card: str, manifest: Manifest) -> str:
+    """`card` with its verdict, vLLM line and verification list made anew from `manifest`
+    (after vLLM checked a reused output); the rest, an evaluation's section included, is kept."""
+    lines = card.splitlines(keepends=True)
+    served = manifest.verification.vllm if manifest.verification else None
+    fresh = {
+        "- **Verified**: ": f"- **Verified**: {verified(manifest.verification)}\n",
+        "- **vLLM**: ": f"- **vLLM**: {vllm_line(served)}\n",
+    }
+    lines = [next((v for k, v in fresh.items() if line.startswith(k)), line) for line in lines]
+    text = "".join(lines)
+    start, end = text.find("## Verification\n\n"), text.find("\n## Serve it")
+    if 0 <= start < end:
+        listing = verification_list(manifest.verification)
+        text = f"{text[:start]}## Verification\n\n{listing}{text[end:]}"
+    return text
+
+
 def add_evaluation(folder: Path, section: str) -> bool:
     """Write `section` into the card of a folder compressflow published; False when the folder
     is not one (no manifest, or no card of ours): a model we did not publish is never written."""
+    return edit_card(folder, lambda card: with_evaluation(card, section))
+
+
+def edit_card(folder: Path, edit) -> bool:
+    """Replace the card of a folder compressflow published with `edit(card)`, atomically; False
+    when the folder is not one: a model we did not publish is never written."""
     card = folder / CARD
     if read_manifest(folder) is None or card.is_symlink() or not card.is_file():
         return False
@@ -239,7 +263,7 @@ def add_evaluation(folder: Path, section: str) -> bool:
         return False
     staged = folder / f".{CARD}.{os.getpid()}.tmp"
     try:
-        staged.write_text(with_evaluation(text, section), encoding="utf-8")
+        staged.write_text(edit(text), encoding="utf-8")
         os.replace(staged, card)  # atomic: a reader sees the old card or the new one
     finally:
         staged.unlink(missing_ok=True)  # gone after the rename; a half-written copy otherwise

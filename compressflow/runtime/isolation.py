@@ -44,7 +44,7 @@ from typing import Any
 
 from compressflow.errors import CalibrationError, CompressflowError
 from compressflow.logs import run_logger
-from compressflow.runtime.cpus import ChildThreads
+from compressflow.model.cpus import ChildThreads
 
 PRELOAD = ["torch", "transformers", "llmcompressor", "datasets"]
 KILL_GRACE_SECONDS = 10
@@ -107,7 +107,7 @@ def _child(target: Callable, args: tuple, environment: dict[str, str], conn, std
     stderr_conn.close()
     faulthandler.enable()
     # Threads sized to this worker's CPUs and the children computing beside this one, re-counted
-    # at each event (compressflow.runtime.cpus).
+    # at each event (compressflow.model.cpus).
     threads = ChildThreads()
     try:
         serve(conn, target, args, threads.refresh)

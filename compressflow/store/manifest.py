@@ -258,6 +258,17 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
     (folder / MANIFEST).write_text(manifest.model_dump_json(indent=2))
 
 
+def replace_manifest(folder: Path, manifest: Manifest) -> None:
+    """Write the manifest of a published folder anew, atomically: a reader (a run deciding to
+    reuse it) sees the old manifest or the new one, never half of one."""
+    staged = folder / f".{MANIFEST}.{os.getpid()}.tmp"
+    try:
+        staged.write_text(manifest.model_dump_json(indent=2))
+        os.replace(staged, folder / MANIFEST)
+    finally:
+        staged.unlink(missing_ok=True)
+
+
 def published_model(path: Path, manifest: Manifest, reused: bool) -> PublishedModel:
     return PublishedModel(reused=reused, path=str(path), **manifest.result.model_dump())
 
