@@ -14,12 +14,19 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test unit matrix lint format clean screenshots vllm-env
 
-# torch first, pinned: resolving a bare torch pulls the newest CUDA build (several GB).
+# Into venv $(1), packages $(2). torch first, pinned, with pip: resolving a bare torch pulls the
+# newest CUDA build (several GB), and pip finds the CPU wheel these machines keep on disk; not
+# byte-compiled (10 s instead of 30: Python compiles what is imported, once). The rest with uv
+# where it installs (about 150 packages in 8 s here, against 50 s for pip), else with pip.
+define install
+	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install -q --no-compile torch==2.13.0
+	($(1)/bin/python -m pip install -q uv && $(1)/bin/python -m uv pip install -q --python $(1)/bin/python $(2)) \
+		|| $(1)/bin/python -m pip install -q $(2)
+endef
+
 $(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	$(call install,$(VENV),-e '.[test]')
 	touch $(STAMP)
 
 # vLLM in an environment of its own, as in production the serving image is not the compression
@@ -28,9 +35,7 @@ $(STAMP): pyproject.toml
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 $(VLLM_STAMP): requirements-vllm.txt
-	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -r requirements-vllm.txt
+	$(call install,$(VLLM_VENV),--no-deps -r requirements-vllm.txt)
 	$(VLLM_VENV)/bin/python -c "import vllm"
 	touch $(VLLM_STAMP)
 
