@@ -207,22 +207,13 @@ def last_error_lines(stderr: str, count: int = 3) -> str:
 
 
 def run_child(
-    models: dict[str, str], prompts: list[list[int]], trust_remote_code: bool, python: Path
+    models: dict[str, dict], trust_remote_code: bool, python: Path, timeout: float
 ) -> tuple[dict, str]:
-    """The child's result ({} when it wrote none) and the tail of its stderr."""
-    timeout = settings().vllm_timeout_seconds
+    """The child's result ({} when it wrote none) and the tail of its stderr. `models` maps a
+    name to the folder (`path`) and the token ids (`prompts`) it is scored on."""
     with tempfile.TemporaryDirectory(prefix="compressflow-vllm-") as work:
         request, result = Path(work, "request.json"), Path(work, "result.json")
-        request.write_text(
-            json.dumps(
-                {
-                    "models": models,
-                    "prompts": prompts,
-                    "max_model_len": max(map(len, prompts)) + 1,
-                    "trust_remote_code": trust_remote_code,
-                }
-            )
-        )
+        request.write_text(json.dumps({"models": models, "trust_remote_code": trust_remote_code}))
         process = subprocess.Popen(
             [str(python), str(CHILD), str(request), str(result)],
             cwd=work,
@@ -282,43 +273,68 @@ def serve_and_score(
 ) -> ServingCheck:
     """Load `base` and `compressed` in vLLM, score both on `prompts` (token ids), and say how
     it went; raises nothing for what vLLM does (the caller decides what a refusal means)."""
+    return serve_and_score_many([(base, compressed, prompts)], trust_remote_code)[0]
+
+
+def serve_and_score_many(
+    pairs: list[tuple[str, str, list[list[int]]]], trust_remote_code: bool = False
+) -> list[ServingCheck]:
+    """`serve_and_score` for each (base, compressed, prompts), in one vLLM process: vLLM's import
+    and start-up, most of a check's time, are paid once (the architecture matrix serves 58
+    outputs). A base and prompts shared by several pairs are scored once."""
     python = vllm_python()
     if python is None:
-        return ServingCheck(outcome="not checked", reason=settings().vllm_missing_reason())
-    started = time.perf_counter()
-    longest = max_positions(Path(compressed)) - 1  # vLLM refuses a longer max_model_len
-    prompts = [ids[:longest] for ids in prompts]
-    base_path = Path(base).resolve()
-    key = base_score_key(base_path, prompts, trust_remote_code, python)
-    cached = cached_base_score(key)  # the same base for every preset: scored once
-    output, stderr = run_child(
-        {
-            **({} if cached else {"base": str(base_path)}),
-            "compressed": str(Path(compressed).resolve()),
-        },
-        prompts,
-        trust_remote_code,
-        python,
-    )
-    if "vllm_version" not in output:  # vLLM itself did not import: the environment is broken
-        return ServingCheck(
-            outcome="not checked",
-            reason=f"the vLLM environment {python} does not start: {last_error_lines(stderr)}",
-            seconds=round(time.perf_counter() - started, 3),
+        return [ServingCheck(outcome="not checked", reason=settings().vllm_missing_reason())] * len(
+            pairs
         )
-    models = output.get("models", {})
-    found = {name: models.get(name) or {"error": last_error_lines(stderr)} for name in models}
-    if cached:
-        found["base"] = cached
-    else:
-        store_base_score(key, found.get("base", {}))
-    for name in ("base", "compressed"):  # a child that died wrote nothing for the rest
-        found.setdefault(name, {"error": last_error_lines(stderr)})
-    common = dict(
-        vllm_version=output.get("vllm_version"),
-        seconds=round(time.perf_counter() - started, 3),
-        load_seconds=sum(m.get("load_seconds", 0.0) for m in found.values()),
-    )
+    started = time.perf_counter()
+    models: dict[str, dict] = {}
+    cached: dict[str, dict] = {}  # base scores kept from earlier checks, by model name
+    jobs = []  # (key of the base score, its model name, the output's model name)
+    for number, (base, compressed, prompts) in enumerate(pairs):
+        longest = max_positions(Path(compressed)) - 1  # vLLM refuses a longer max_model_len
+        prompts = [ids[:longest] for ids in prompts]
+        base_path = Path(base).resolve()
+        key = base_score_key(base_path, prompts, trust_remote_code, python)
+        base_name = f"base {key or number}"
+        if base_name not in cached and base_name not in models:
+            if (kept := cached_base_score(key)) is not None:  # every preset of one base: once
+                cached[base_name] = kept
+            else:
+                models[base_name] = {"path": str(base_path), "prompts": prompts}
+        name = f"compressed {number}"
+        models[name] = {"path": str(Path(compressed).resolve()), "prompts": prompts}
+        jobs.append((key, base_name, name))
+    timeout = settings().vllm_timeout_seconds * len(pairs)
+    output, stderr = run_child(models, trust_remote_code, python, timeout)
+    seconds = round(time.perf_counter() - started, 3)
+    if "vllm_version" not in output:  # vLLM itself did not import: the environment is broken
+        reason = f"the vLLM environment {python} does not start: {last_error_lines(stderr)}"
+        return [ServingCheck(outcome="not checked", reason=reason, seconds=seconds)] * len(pairs)
+    scored = output.get("models", {})
+    # A child that died wrote nothing for the rest: they get its last words.
+    found = {name: scored.get(name) or {"error": last_error_lines(stderr)} for name in models}
+    for base_name, key in {base_name: key for key, base_name, _ in jobs}.items():
+        if base_name in models:
+            store_base_score(key, found[base_name])
+    found |= cached
+    checks = []
+    for _, base_name, name in jobs:
+        pair = {"base": found[base_name], "compressed": found[name]}
+        checks.append(
+            judge(
+                pair,
+                vllm_version=output["vllm_version"],
+                # Per pair: its own models' time (the start-up is shared, and in `seconds` of one).
+                seconds=seconds if len(pairs) == 1 else found[name].get("seconds", 0.0),
+                load_seconds=sum(m.get("load_seconds", 0.0) for m in pair.values()),
+            )
+        )
+    return checks
+
+
+def judge(found: dict[str, dict], **common) -> ServingCheck:
+    """What vLLM's scores (or errors) of `found["base"]` and `found["compressed"]` mean."""
     base_error, error = found["base"].get("error"), found["compressed"].get("error")
     if error and (limit := kernel_limit(error)):
         return ServingCheck(outcome="not checked", reason=limit, **common)

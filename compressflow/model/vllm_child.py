@@ -4,8 +4,8 @@
 
 The vLLM environment is not the flow's (vLLM pins its own compressed-tensors and torch, as a
 serving image does), so this file imports only vLLM and the standard library, and talks through
-two JSON files. REQUEST holds `models` ({name: folder}), `prompts` (token id lists),
-`max_model_len` and `trust_remote_code`. For each model, in order, RESULT gets either `positions`
+two JSON files. REQUEST holds `models` ({name: {"path": folder, "prompts": token id lists}})
+and `trust_remote_code`. For each model, in order, RESULT gets either `positions`
 (per prompt, per next-token position: `[log-probability of the actual token, the most likely
 token]`) or `error`: the innermost exception's type and message, which
 is vLLM's root cause rather than its wrapper's "Engine core initialization failed", followed by
@@ -62,7 +62,7 @@ class LoggedError(logging.Handler):
             self.last = record.exc_info[1]
 
 
-def score(path: str, request: dict) -> dict:
+def score(path: str, prompts: list[list[int]], request: dict) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -71,7 +71,7 @@ def score(path: str, request: dict) -> dict:
         model=path,
         tokenizer=path,
         dtype=request.get("dtype", "bfloat16"),
-        max_model_len=request["max_model_len"],
+        max_model_len=max(map(len, prompts)) + 1,
         enforce_eager=True,
         max_logprobs=1,
         seed=0,
@@ -79,7 +79,7 @@ def score(path: str, request: dict) -> dict:
     )
     loaded = time.perf_counter() - started
     outputs = llm.generate(
-        [TokensPrompt(prompt_token_ids=ids) for ids in request["prompts"]],
+        [TokensPrompt(prompt_token_ids=ids) for ids in prompts],
         SamplingParams(max_tokens=1, prompt_logprobs=1, temperature=0),
         use_tqdm=False,
     )
@@ -114,9 +114,9 @@ def main(request_path: str, result_path: str) -> None:
     result = {"vllm_version": vllm.__version__, "models": {}}
     logged = LoggedError()
     logging.getLogger("vllm").addHandler(logged)
-    for name, path in request["models"].items():
+    for name, model in request["models"].items():
         try:
-            result["models"][name] = score(path, request)
+            result["models"][name] = score(model["path"], model["prompts"], request)
         except Exception as exc:  # noqa: BLE001 - every refusal is reported, the next model runs
             error = root_cause(exc)
             # Kept across models: vLLM remembers a model class that failed, and for the next
