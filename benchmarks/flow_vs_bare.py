@@ -213,7 +213,7 @@ def prepare(work: Path, args) -> tuple[Path, Path, Path]:
 
 
 def yardstick(work: Path):
-    """The learned-weights yardstick, built once under `work` (about 4 minutes) or found there."""
+    """The learned-weights yardstick, built once under `work` (about 2.5 minutes) or found there."""
     from compressflow.demo.yardstick import build_yardstick
 
     return build_yardstick(work / "yardstick")

@@ -3,8 +3,8 @@
 The model is the learned-weights yardstick (`compressflow.demo.yardstick`): a small Llama trained
 here on the standard library's source, so the quality figures the demo prints (verification,
 vLLM's perplexity recovery) mean something, as they would not on random weights. It calibrates
-on the yardstick's training split. Builds the model under .demo/ if it is missing (about four
-minutes, once), runs the compress-model flow on Prefect's
+on the yardstick's training split. Builds the model under .demo/ if it is missing (about two
+and a half minutes on 2 CPUs, once), runs the compress-model flow on Prefect's
 local backend with ClearML offline, and prints where the result is, its size against the
 original, what vLLM made of it (with `make vllm-env`), its model card and the time each stage
 took. Pass a hub model id to compress that model instead:
@@ -34,7 +34,7 @@ def main() -> None:
     if options.model_id is None:
         from compressflow.demo.yardstick import build_yardstick
 
-        print("Building the demo model (trained once, about four minutes; then reused) ...")
+        print("Building the demo model (trained once, a few minutes; then reused) ...")
         yardstick = build_yardstick(DEMO_DIR / "yardstick")
         options.model_id = str(yardstick.model.resolve())
         dataset_name, max_seq_len = str(yardstick.calibration.resolve()), yardstick.spec.seq_len
@@ -71,18 +71,20 @@ def main() -> None:
 
 
 def stage_lines(ran: list, made: list) -> list[str]:
-    """Every stage of the pipeline: this run's, then those a reused output's run did (`made`,
-    from its manifest), which this run skipped."""
-    lines = [f"{s.name:<20} {s.seconds:8.2f} s{'  (cached)' if s.cached else ''}" for s in ran]
-    done = {s.name for s in ran}
-    for stage in made:
-        if stage.name not in done:
-            done.add(stage.name)
-            lines.append(
-                f"{stage.name:<20}     not run: reused output ({stage.seconds:.2f} s then)"
-            )
-    if made and "publish" not in done:  # the manifest is written inside publish: not listed
-        lines.append(f"{'publish':<20}     not run: reused output")
+    """Every stage of the pipeline, in its order: this run's, and those of the run that made a
+    reused output (`made`, from its manifest, which is written inside publish) that this run
+    did not run."""
+    this = {stage.name: stage for stage in ran}
+    then = {stage.name: stage for stage in made}
+    order = [*then, "publish", *this] if made else list(this)
+    lines = []
+    for name in dict.fromkeys(order):
+        if stage := this.get(name):
+            lines.append(f"{name:<20} {stage.seconds:8.2f} s{'  (cached)' if stage.cached else ''}")
+        elif stage := then.get(name):
+            lines.append(f"{name:<20}     not run: reused output ({stage.seconds:.2f} s then)")
+        else:
+            lines.append(f"{name:<20}     not run: reused output")
     return lines
 
 
