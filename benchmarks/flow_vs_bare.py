@@ -144,14 +144,20 @@ def bare_child(args) -> None:
 
 def verify_args(model: str):
     """The flow's verification limits: its defaults on the learned-weights yardstick; on random
-    weights, limits any output meets. 4 bits move a random model's logits as far as its depth
+    weights, limits any output meets (vLLM's too, where a vLLM environment serves it). 4 bits move a random model's logits as far as its depth
     takes them (random-1b: cosine 0.70 against the 0.9 the default asks), and a refused run
     would end the benchmark; verification still runs in full, so its cost is in the figures."""
     from compressflow.params import VerifyArgs
 
     if model == "yardstick":
         return VerifyArgs()
-    return VerifyArgs(min_cosine=1e-9, max_kl=1e9, min_top1=1e-9)
+    return VerifyArgs(
+        min_cosine=1e-9,
+        max_kl=1e9,
+        min_top1=1e-9,
+        vllm_max_perplexity_increase_pct=1e9,
+        vllm_min_top1=0,
+    )
 
 
 def flow_child(args) -> None:
