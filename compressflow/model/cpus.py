@@ -114,7 +114,9 @@ class Ledger:
         """Count this process in; False when the folder cannot be used (then it counts alone)."""
         mine = self.folder / str(os.getpid())
         try:
-            self.folder.mkdir(mode=0o1777, exist_ok=True)
+            if not self.folder.exists():  # for every user's workers, as /tmp is (umask aside)
+                self.folder.mkdir()
+                self.folder.chmod(0o1777)
             # Locked before it takes its counted name: a counter never sees it unlocked (and
             # removes it as a dead child's).
             handle = open(mine.with_suffix(".new"), "w")  # held for this process's life
