@@ -150,7 +150,10 @@ def test_every_published_cell_is_served_as_written(vllm_python, monkeypatch):
     pairs = []
     for cell in cells:
         source, output = PUBLISHED[cell]
-        processor = load_processor(FetchedModel.model_construct(path=str(source)))
+        model = FetchedModel.model_construct(
+            model_id=str(source), path=str(source), trust_remote_code=False
+        )
+        processor = load_processor(model)
         pairs.append((str(source), str(output), reference_samples(processor, VerifyArgs())))
     found = []
     for (name, preset), served in zip(cells, serve_and_score_many(pairs), strict=True):
