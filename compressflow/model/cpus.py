@@ -114,9 +114,11 @@ class Ledger:
         """Count this process in; False when the folder cannot be used (then it counts alone)."""
         mine = self.folder / str(os.getpid())
         try:
-            if not self.folder.exists():  # for every user's workers, as /tmp is (umask aside)
+            try:  # for every user's workers, as /tmp is (umask aside); another may make it first
                 self.folder.mkdir()
                 self.folder.chmod(0o1777)
+            except FileExistsError:
+                pass
             # Locked before it takes its counted name: a counter never sees it unlocked (and
             # removes it as a dead child's).
             handle = open(mine.with_suffix(".new"), "w")  # held for this process's life

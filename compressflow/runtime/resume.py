@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from compressflow.logs import run_logger
+from compressflow.store.atomic import write_atomic
 from compressflow.store.caching import cache_root, code_identity
 from compressflow.store.manifest import library_versions
 
@@ -90,15 +91,6 @@ def _last_written(folder: Path) -> float:
         for name in folders + files:
             newest = max(newest, os.lstat(os.path.join(parent, name)).st_mtime)
     return newest
-
-
-def write_atomic(path: Path, write) -> None:
-    """`write(tmp_path)`, flushed to disk, then renamed over `path`."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    with open(tmp, "rb") as handle:
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def sha256_of(path: Path) -> str:

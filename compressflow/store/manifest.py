@@ -51,6 +51,7 @@ from compressflow.results import (
     Verification,
 )
 from compressflow.settings import settings
+from compressflow.store.atomic import write_atomic
 
 MANIFEST = "manifest.json"
 
@@ -259,14 +260,9 @@ def write_manifest(folder: Path, manifest: Manifest) -> None:
 
 
 def replace_manifest(folder: Path, manifest: Manifest) -> None:
-    """Write the manifest of a published folder anew, atomically: a reader (a run deciding to
-    reuse it) sees the old manifest or the new one, never half of one."""
-    staged = folder / f".{MANIFEST}.{os.getpid()}.tmp"
-    try:
-        staged.write_text(manifest.model_dump_json(indent=2))
-        os.replace(staged, folder / MANIFEST)
-    finally:
-        staged.unlink(missing_ok=True)
+    """Write the manifest of a published folder anew, atomically (its run holds the output's
+    lock, so it is the only writer)."""
+    write_atomic(folder / MANIFEST, lambda tmp: tmp.write_text(manifest.model_dump_json(indent=2)))
 
 
 def published_model(path: Path, manifest: Manifest, reused: bool) -> PublishedModel:
