@@ -355,6 +355,7 @@ def test_cli_refuses_a_token_given_as_a_block_name_without_printing_it(models, t
 HEAVY = ("torch", "transformers", "llmcompressor", "datasets", "compressed_tensors")
 
 
+@pytest.mark.e2e  # the CLI in a process of its own, as a user starts it
 def test_cli_is_quiet_and_leaves_the_flows_process_light(models, tmp_path):
     """What a user sees, in a process of its own: the checks' table and the output folder. And
     every pre-calibration check (render, fetch, dataset, plan, trace) answers without that
