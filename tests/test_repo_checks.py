@@ -35,6 +35,26 @@ def test_stale_paths_and_modules_are_found(tmp_path):
     assert refs.missing_module("compressflow.flows.checks.needs_accelerator") is None
 
 
+def test_markdown_links_lead_to_a_file_and_a_heading(tmp_path, monkeypatch):
+    refs = _tool("check_references")
+    monkeypatch.setattr(refs, "ROOT", tmp_path)
+    (tmp_path / "guide").mkdir()
+    (tmp_path / "guide" / "page.md").write_text("# Page\n\n## GPU hosts: one per `gpu:N`\n")
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "# Title\n\n[ok](guide/page.md#gpu-hosts-one-per-gpun) [web](https://example.com)\n"
+        "[gone](guide/gone.md) [bad anchor](guide/page.md#gpu-hosts) [here](#title)\n"
+        "```bash\n[in code](nowhere.md)\n```\n"
+    )
+    assert refs.slug("Verification: nothing broken is published") == (
+        "verification-nothing-broken-is-published"
+    )
+    assert refs.broken_links(readme) == [
+        "README.md:4: link guide/gone.md: no file guide/gone.md",
+        "README.md:4: link guide/page.md#gpu-hosts: guide/page.md has no heading #gpu-hosts",
+    ]
+
+
 def test_private_library_names_are_refused_outside_the_adapter(tmp_path):
     layers = _tool("check_layers")
     source = tmp_path / "sample.py"

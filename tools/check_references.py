@@ -5,6 +5,11 @@ Comments, docstrings and docs name files (`tasks/verify.py`) and modules
 one leaves a newcomer looking for a file that is gone. This reads every tracked text file and
 prints each path or module reference that resolves to nothing; it exits 1 when there is one.
 
+The Markdown pages (README.md, docs/, benchmarks/) link to each other: every relative link
+`[text](path)` or `[text](path#heading)` outside code blocks must name an existing file, and its
+anchor a heading of that page, as GitHub spells anchors (`## GPU hosts: one calibration per GPU`
+is `#gpu-hosts-one-calibration-per-gpu`).
+
     python tools/check_references.py
 """
 
@@ -41,6 +46,10 @@ NOT_MODULES = (
     "compressflow.output_dir",
     "compressflow.layers",
 )
+MARKDOWN_PAGES = ("README.md", "docs/*.md", "benchmarks/*.md")
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")  # [text](target) and ![alt](target)
+HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$")
+SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # https:, mailto: ...: not a repository path
 
 
 def tracked_text_files() -> list[Path]:
@@ -100,8 +109,66 @@ def stale(file: Path) -> list[str]:
     return found
 
 
+def prose_lines(page: Path) -> list[tuple[int, str]]:
+    """The numbered lines of a Markdown page outside its fenced code blocks."""
+    lines, fenced = [], False
+    for number, line in enumerate(page.read_text().splitlines(), 1):
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+        elif not fenced:
+            lines.append((number, line))
+    return lines
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces made hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """Every heading's anchor; a repeated heading gets -1, -2, ... as on GitHub."""
+    seen: set[str] = set()
+    for _, line in prose_lines(page):
+        if match := HEADING.match(line):
+            base = slug(match.group(1))
+            anchor, n = base, 0
+            while anchor in seen:
+                n += 1
+                anchor = f"{base}-{n}"
+            seen.add(anchor)
+    return seen
+
+
+def broken_link(page: Path, target: str) -> str | None:
+    """Why the link `target` on `page` leads nowhere, or None when its file (and heading) exist."""
+    if SCHEME.match(target):
+        return None
+    path, _, anchor = target.partition("#")
+    file = (page.parent / path).resolve() if path else page
+    if not file.is_relative_to(ROOT):
+        return f"link {target}: outside the repository"
+    if not file.exists():
+        return f"link {target}: no file {path}"
+    if anchor and file.suffix == ".md" and anchor not in anchors(file):
+        return f"link {target}: {file.relative_to(ROOT)} has no heading #{anchor}"
+    return None
+
+
+def broken_links(page: Path) -> list[str]:
+    found = []
+    for number, line in prose_lines(page):
+        problems = [broken_link(page, target) for target in LINK.findall(line)]
+        found += [f"{page.relative_to(ROOT)}:{number}: {p}" for p in problems if p]
+    return found
+
+
+def markdown_pages() -> list[Path]:
+    return sorted({page for pattern in MARKDOWN_PAGES for page in ROOT.glob(pattern)})
+
+
 def main() -> int:
     found = [problem for file in tracked_text_files() for problem in stale(file)]
+    found += [problem for page in markdown_pages() for problem in broken_links(page)]
     for line in found:
         print(line)
     print(f"references: {len(found)} stale" if found else "references: all resolve")
