@@ -77,7 +77,7 @@ format: $(STAMP)
 clean:
 	rm -rf .demo outputs
 
-# The README's UI screenshots: a real server, the compress deployment on the tiny model, and
-# Debian's headless chromium (apt-get install chromium).
+# The UI screenshots docs/deployments.md shows: a real server, the compress deployment on the tiny
+# model, and Debian's headless chromium (apt-get install chromium).
 screenshots: $(STAMP)
 	$(PY) tools/ui_screenshots.py

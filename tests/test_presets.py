@@ -1,5 +1,5 @@
 """The preset registry: every preset renders and validates, does what the registry claims on a
-CPU-only worker, and is listed in the README exactly as the registry says.
+CPU-only worker, and is listed in docs/recipes.md exactly as the registry says.
 
 CPU presets run end to end on the tiny model (compress, verify, publish) and the published folder
 is reloaded in a fresh process and compared with the base model. GPU-only presets are checked as
@@ -36,7 +36,7 @@ from compressflow.registries.presets import (
 )
 from compressflow.store.manifest import read_manifest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+RECIPES_PAGE = Path(__file__).resolve().parent.parent / "docs" / "recipes.md"
 CPU_PRESETS = [name for name, preset in PRESETS.items() if preset.cpu_ok]
 GPU_PRESETS = [name for name, preset in PRESETS.items() if not preset.cpu_ok]
 # compressed-tensors unpacks FP4 weights as bf16, so these run on a bf16 copy of the tiny model.
@@ -117,7 +117,7 @@ def test_gpu_only_exactly_where_the_worker_check_refuses(name):
     assert PRESETS[name].cpu_ok == (not set(rendered.modifiers) & set(NEEDS_ACCELERATOR))
 
 
-# ---------------------------------------------------------------- the listing and the README
+# ---------------------------------------------------------------- the listing and the docs
 
 
 def test_listing_has_a_row_per_preset_with_gpu_only_marked():
@@ -136,17 +136,17 @@ def table_rows(text: str) -> list[list[str]]:
     return [[cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]] for line in lines[2:]]
 
 
-def test_readme_recipes_table_is_the_registry():
-    section = README.read_text(encoding="utf-8").split("\n## Recipes\n", 1)[1]
+def test_docs_recipes_table_is_the_registry():
+    section = RECIPES_PAGE.read_text(encoding="utf-8").split("\n## Recipes\n", 1)[1]
     section = section.split("\n## ", 1)[0]
     table = section[section.index("| preset |") :].split("\n\n", 1)[0]
     assert table.splitlines()[0] == "| " + " | ".join(README_COLUMNS) + " |"
     rows = table_rows(table)
     assert [row[0].strip("`") for row in rows] == list(PRESETS), (
-        "README's preset table lists other presets than the registry; paste "
-        "compressflow.registries.presets.markdown_table() into README.md's ## Recipes"
+        "docs/recipes.md's preset table lists other presets than the registry; paste "
+        "compressflow.registries.presets.markdown_table() into docs/recipes.md's ## Recipes"
     )
-    assert rows == table_rows(markdown_table()), "README's preset table is out of date"
+    assert rows == table_rows(markdown_table()), "docs/recipes.md's preset table is out of date"
 
 
 # ---------------------------------------------------------------- GPU-only presets on CPU

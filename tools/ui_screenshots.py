@@ -1,4 +1,4 @@
-"""Screenshots of what a person sees in the Prefect UI, for the README: `make screenshots`.
+"""Screenshots of what a person sees in the Prefect UI, for the docs: `make screenshots`.
 
 Starts the end-to-end stack the tests use (a real `prefect server`, the README's deploy commands,
 a worker), runs the `compress` deployment on the demo's learned-weights model (the yardstick,
