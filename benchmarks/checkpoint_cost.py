@@ -95,13 +95,14 @@ def save_memory(layers: int, root: Path) -> None:
     weights it wrote and how far the peak RSS rose while it saved."""
     import torch
 
-    from compressflow.runtime.resume import CalibrationCheckpoint, checkpoint_key
+    from compressflow.runtime.resume import CalibrationCheckpoint
+    from compressflow.store.identity import resume_key
 
     subgraphs = [
         [torch.nn.Linear(i, o, bias=False) for i, o in LLAMA_1B_LAYER] for _ in range(layers)
     ]
     model = torch.nn.ModuleList(torch.nn.ModuleList(modules) for modules in subgraphs)
-    checkpoint = CalibrationCheckpoint(root / "save-memory", checkpoint_key(run="m"), 1e9)
+    checkpoint = CalibrationCheckpoint(root / "save-memory", resume_key(run="m"), 1e9)
     for index, modules in enumerate(subgraphs):
         checkpoint.subgraph_done(model, 0, index, layers, modules, None)
     # This process's own counter: the kernel restarts its peak (VmHWM) from what it holds now.

@@ -34,12 +34,12 @@ from compressflow.results import BuiltDataset, FetchedModel, MemoryPlan, Rendere
 from compressflow.runtime.gpus import refuse_fewer_samples, refuse_too_few
 from compressflow.runtime.isolation import in_child
 from compressflow.store.disk_space import check_free_space
+from compressflow.store.identity import run_key
 from compressflow.store.manifest import (
     check_apart,
     check_output_path,
     check_target,
     output_path,
-    run_key,
 )
 from compressflow.tasks.adapt_recipe import adapt_recipe
 from compressflow.tasks.build_dataset import build_dataset

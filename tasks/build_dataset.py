@@ -9,7 +9,6 @@ same data built twice lands in, and reuses, the same folder.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import tempfile
 from pathlib import Path
@@ -34,6 +33,7 @@ from compressflow.reporting import tracking
 from compressflow.results import BuiltDataset, FetchedModel
 from compressflow.runtime.isolation import in_child
 from compressflow.store.caching import CACHE_EXPIRATION, LocalSourceAware, cache_root
+from compressflow.store.identity import dataset_fingerprint
 
 
 @task(
@@ -106,7 +106,7 @@ def build(args: DatasetArgs, model: FetchedModel) -> BuiltDataset:
         # them); adding BOS again would calibrate on sequences the model never gets.
         tokenized = tokenize(texts, tokenizer, args.max_seq_len, add_special_tokens=not templated)
 
-    fp = fingerprint(tokenized, tokenizer_id, args.max_seq_len)
+    fp = dataset_fingerprint(tokenized, tokenizer_id, args.max_seq_len)
     path = save(tokenized, fp)
     return BuiltDataset(
         path=str(path),
@@ -223,20 +223,6 @@ def process_vision_rows(dataset, args: DatasetArgs, entry: dict | None, processo
 
 
 # --- output -------------------------------------------------------------------------------------
-
-
-def fingerprint(tokenized, tokenizer_id: str, max_seq_len: int) -> str:
-    """sha256 over every column (tokens, masks, processor tensors) and how they were made."""
-    import numpy as np
-
-    digest = hashlib.sha256(f"{tokenizer_id}\nmax_seq_len={max_seq_len}\n".encode())
-    for batch in tokenized.with_format("numpy").iter(batch_size=256):
-        for column in sorted(batch):
-            for value in batch[column]:
-                array = np.asarray(value)
-                digest.update(f"{column}:{array.shape}:{array.dtype}\n".encode())
-                digest.update(array.tobytes())
-    return digest.hexdigest()
 
 
 def save(tokenized, fp: str) -> Path:

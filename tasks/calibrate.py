@@ -66,9 +66,10 @@ from compressflow.runtime.distributed import run_distributed
 from compressflow.runtime.gpus import gpu_slots
 from compressflow.runtime.isolation import run_isolated
 from compressflow.runtime.rank import rank_share, this_rank
-from compressflow.runtime.resume import CalibrationCheckpoint, checkpoint_key, expire
+from compressflow.runtime.resume import CalibrationCheckpoint, expire
 from compressflow.settings import settings
 from compressflow.store.disk_space import disk_full_is_clear, folder_size
+from compressflow.store.identity import resume_key
 from compressflow.store.manifest import compile_cache_path, reference_path, source_folder
 
 _QUANTIZING = re.compile(r"Quantizing \d+ module\(s\): \[(.*)\]")
@@ -257,7 +258,7 @@ def calibration_checkpoint(
         for name, value in oneshot_kwargs.items()
         if name not in ("dataset", "data_collator")
     }
-    key = checkpoint_key(
+    key = resume_key(
         model=model.identity,
         model_class=model.model_class,
         dataset=dataset.fingerprint,

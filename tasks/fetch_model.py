@@ -13,12 +13,10 @@ malformed safetensors, and a FIFO, device or folder where a model file should be
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
 import re
-from concurrent.futures import ThreadPoolExecutor
 from fnmatch import fnmatch
 from pathlib import Path
 
@@ -35,6 +33,7 @@ from compressflow.results import FetchedModel
 from compressflow.runtime.isolation import in_child
 from compressflow.store.caching import CACHE_EXPIRATION, LocalSourceAware
 from compressflow.store.disk_space import folder_size
+from compressflow.store.identity import content_hash
 
 # Weight formats we never calibrate from; skipping them halves downloads of repos that ship both
 # safetensors and consolidated checkpoints (e.g. Llama's original/ folder).
@@ -43,27 +42,6 @@ HUB_IGNORE_PATTERNS = ["original/*", "*.pth", "*.gguf", "*.msgpack", "*.h5", "*.
 HUB_CONFIG_PATTERNS = ["*.json", "*.jinja", "*.model", "*.txt", "*.tiktoken", "*.py"]
 # Files of a model folder that fetch or the loaders open: those and the weights.
 MODEL_FILES = [*HUB_CONFIG_PATTERNS, "*.safetensors"]
-
-
-def file_sha256(file: Path) -> bytes:
-    with file.open("rb") as handle:
-        return hashlib.file_digest(handle, "sha256").digest()
-
-
-def content_hash(path: Path) -> str:
-    """sha256 over every file's relative path and content: the identity of a local folder.
-
-    Files are hashed on several threads (hashlib and reads release the GIL): one core hashes
-    about 1.5 GB/s, so a 800 GB checkpoint would spend 9 minutes here before any check.
-    """
-    files = sorted(p for p in path.rglob("*") if p.is_file())
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        digests = pool.map(file_sha256, files)
-        digest = hashlib.sha256()
-        for file, file_digest in zip(files, digests, strict=True):
-            digest.update(str(file.relative_to(path)).encode() + b"\0")
-            digest.update(file_digest)
-    return digest.hexdigest()
 
 
 def check_files(path: Path) -> None:
@@ -373,7 +351,7 @@ def fetch_from_clearml(args: ModelArgs) -> Path:
             "model.model_id",
             f"ClearML model {args.model_id!r} has no downloadable weights (offline mode cannot "
             "fetch registry models)",
-            "configure a ClearML server (see README) or pass the model's local folder",
+            "configure a ClearML server (see docs/clearml.md) or pass the model's local folder",
         )
     tracking.current().connect_input_model(input_model)
     return Path(folder)

@@ -38,11 +38,11 @@ from compressflow.results import (
     Verification,
 )
 from compressflow.store.disk_space import disk_full_is_clear
+from compressflow.store.identity import library_versions
 from compressflow.store.manifest import (
     MANIFEST,
     Manifest,
     ManifestResult,
-    library_versions,
     published_files,
     published_model,
     read_manifest,

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from prefect import task
 
-from compressflow.store import caching
+from compressflow.store import caching, identity
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -26,13 +26,13 @@ def test_results_pickled_by_older_result_models_are_not_reused(monkeypatch):
     assert echo(value, return_state=True).name != "Cached"
     assert echo(value, return_state=True).name == "Cached"
     # What upgrading compressflow does when compressflow/results.py changed (a field added).
-    monkeypatch.setattr(caching, "code_identity", lambda: "another version of compressflow")
+    monkeypatch.setattr(identity, "code_identity", lambda: "another version of compressflow")
     assert echo(value, return_state=True).name != "Cached"
 
 
 def test_an_unset_text_field_is_not_the_working_directory():
     from compressflow.params import ModelArgs
-    from compressflow.store.caching import local_paths
+    from compressflow.store.identity import local_paths
 
     paths = local_paths({"args": ModelArgs(model_id="/models/x")})
     assert Path("/models/x") in paths
@@ -41,7 +41,7 @@ def test_an_unset_text_field_is_not_the_working_directory():
 
 def key_of(policy: caching.CachePolicy) -> str:
     """The key for one fixed task source and input, computed afresh (no per-process memo)."""
-    caching.code_identity.cache_clear()
+    identity.code_identity.cache_clear()
     task_ctx = SimpleNamespace(task=SimpleNamespace(source_code="def render_recipe(args): ..."))
     return policy.compute_key(task_ctx, {"args": "W4A16"}, {})
 
@@ -51,9 +51,9 @@ def code_copy(tmp_path, monkeypatch) -> Path:
     """The key's source read from a copy of the recipe engine, which a test may then edit."""
     copy = tmp_path / "recipes"
     shutil.copytree(Path(caching.__file__).parent.parent / "recipes", copy)
-    monkeypatch.setattr(caching, "package_folders", lambda: [copy])
+    monkeypatch.setattr(identity, "package_folders", lambda: [copy])
     yield copy
-    caching.code_identity.cache_clear()  # later tests see the real package again
+    identity.code_identity.cache_clear()  # later tests see the real package again
 
 
 def test_the_key_changes_with_the_source_of_code_the_task_calls(code_copy):
@@ -83,7 +83,7 @@ def test_the_key_changes_with_a_library_upgrade(code_copy, monkeypatch):
 def test_the_package_hash_covers_every_part_of_the_installed_package():
     import importlib.util
 
-    folders = caching.package_folders()
+    folders = identity.package_folders()
     for name in ("compressflow", "compressflow.flows", "compressflow.tasks", "compressflow.blocks"):
         module = Path(importlib.util.find_spec(name).origin).resolve()
         assert any(module.is_relative_to(folder) for folder in folders), name

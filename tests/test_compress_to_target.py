@@ -213,7 +213,7 @@ def test_validate_refuses_a_target_on_a_recipe_without_gptq(tiny_model, tmp_path
 
 
 def test_the_run_key_holds_the_target_only_when_one_is_set(tiny_model):
-    from compressflow.store.manifest import run_key
+    from compressflow.store.identity import run_key
     from compressflow.tasks.fetch_model import fetch
 
     model = fetch(ModelArgs(model_id=str(tiny_model)))
@@ -230,7 +230,7 @@ def test_the_run_key_holds_the_target_only_when_one_is_set(tiny_model):
 def test_the_run_key_changes_when_a_local_held_out_file_is_edited(tiny_model, tmp_path):
     """The held-out text decides which round is published: the same arguments over an edited
     file must not reuse the earlier result."""
-    from compressflow.store.manifest import run_key
+    from compressflow.store.identity import run_key
     from compressflow.tasks.fetch_model import fetch
 
     held_out = tmp_path / "held_out.jsonl"

@@ -12,7 +12,7 @@ from conftest import HUB_SHA as SHA
 
 from compressflow.errors import ModelFetchError
 from compressflow.params import ModelArgs
-from compressflow.store.caching import stat_signature
+from compressflow.store.identity import content_hash, stat_signature
 from compressflow.tasks.fetch_model import fetch
 
 
@@ -37,8 +37,6 @@ def test_local_folder_gets_a_content_identity(tiny_model):
 def test_the_identity_hashes_files_in_name_order_whatever_thread_hashed_them(tmp_path):
     # Hashed on threads since; the identity must stay the one earlier runs recorded and cached.
     import hashlib
-
-    from compressflow.tasks.fetch_model import content_hash
 
     for name in ["b.safetensors", "a/z.json", "a/b.txt", "c"]:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,7 @@ from compressflow.recipes.tree import iter_modifiers
 from compressflow.registries.presets import (
     KV_CACHE_FP8,
     PRESETS,
-    README_COLUMNS,
+    TABLE_COLUMNS,
     markdown_table,
     preset_rows,
     resolve_args,
@@ -140,7 +140,7 @@ def test_docs_recipes_table_is_the_registry():
     section = RECIPES_PAGE.read_text(encoding="utf-8").split("\n## Recipes\n", 1)[1]
     section = section.split("\n## ", 1)[0]
     table = section[section.index("| preset |") :].split("\n\n", 1)[0]
-    assert table.splitlines()[0] == "| " + " | ".join(README_COLUMNS) + " |"
+    assert table.splitlines()[0] == "| " + " | ".join(TABLE_COLUMNS) + " |"
     rows = table_rows(table)
     assert [row[0].strip("`") for row in rows] == list(PRESETS), (
         "docs/recipes.md's preset table lists other presets than the registry; paste "

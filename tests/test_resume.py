@@ -28,6 +28,7 @@ from compressflow.params import RecipeArgs
 from compressflow.recipes.render import render
 from compressflow.runtime import resume
 from compressflow.runtime.resume import CalibrationCheckpoint
+from compressflow.store import identity
 
 # Runs compress-model with the parameter groups in argv[1]; prints the result as one JSON line.
 FLOW_SCRIPT = r"""
@@ -49,7 +50,7 @@ published = compress(
 print("PUBLISHED " + published.model_dump_json(), flush=True)
 """
 
-KEY = resume.checkpoint_key(run="test")
+KEY = identity.resume_key(run="test")
 
 
 class Stop(Exception):
@@ -211,9 +212,10 @@ def test_a_checkpoint_of_other_inputs_is_discarded(saved, caplog):
 
 
 def test_a_checkpoint_of_another_library_version_is_discarded(saved, caplog, monkeypatch):
-    versions = resume.library_versions()
-    monkeypatch.setattr(resume, "library_versions", lambda: {**versions, "torch": "0.0"})
-    assert "(libraries differ)" in discarded(saved, caplog, resume.checkpoint_key(run="test"))
+    versions, code = identity.library_versions(), identity.code_identity()
+    monkeypatch.setattr(identity, "library_versions", lambda: {**versions, "torch": "0.0"})
+    monkeypatch.setattr(identity, "code_identity", lambda: code)  # the libraries alone differ
+    assert "(libraries differ)" in discarded(saved, caplog, identity.resume_key(run="test"))
 
 
 def test_a_corrupt_checkpoint_is_discarded(saved, caplog):

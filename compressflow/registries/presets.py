@@ -305,7 +305,7 @@ def resolve_args(preset_name: str, values: dict[str, Any]) -> dict[str, Any]:
 
 
 def preset_rows() -> list[dict[str, str]]:
-    """One row per preset, in registry order, for `compressflow presets` and the README table."""
+    """One row per preset, in registry order, for `compressflow presets` and the preset table in docs/recipes.md."""
     return [
         {
             "preset": name,
@@ -319,8 +319,8 @@ def preset_rows() -> list[dict[str, str]]:
     ]
 
 
-# The README's "## Recipes" table: its column headers and the preset_rows() key each shows.
-README_COLUMNS = {
+# The "## Recipes" table of docs/recipes.md: its column headers and the preset_rows() key each shows.
+TABLE_COLUMNS = {
     "preset": "preset",
     "what": "what",
     "data": "data",
@@ -330,10 +330,10 @@ README_COLUMNS = {
 
 
 def markdown_table() -> str:
-    """The README's preset table, generated from the registry (tests compare the two)."""
-    lines = ["| " + " | ".join(README_COLUMNS) + " |", "|" + "---|" * len(README_COLUMNS)]
+    """docs/recipes.md's preset table, generated from the registry (tests compare the two)."""
+    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
     for row in preset_rows():
-        cells = [row[key].replace("|", "\\|") for key in README_COLUMNS.values()]
+        cells = [row[key].replace("|", "\\|") for key in TABLE_COLUMNS.values()]
         cells[0] = f"`{cells[0]}`"
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -8,7 +8,7 @@ returns a tracker that does nothing, so stages never branch on whether ClearML i
 Where the run is logged:
 - a `ClearMLSettings` block named by the flow: that server, with the block's credentials;
 - else the SDK's own configuration (CLEARML_* variables or clearml.conf);
-- else offline mode: a session folder (and zip) to import later (see README).
+- else offline mode: a session folder (and zip) to import later (see docs/clearml.md).
 
 A tracking failure never fails the compression, and never hangs it: the server is probed with a
 timeout before Task.init (unreachable: log offline instead), every call is guarded (the first
@@ -332,7 +332,7 @@ def open_run(
         if not api_host or forced_offline:
             Task.set_offline(True)
             run_logger(__name__).info(
-                "ClearML: no reachable server configured, logging offline (see README)"
+                "ClearML: no reachable server configured, logging offline (see docs/clearml.md)"
             )
         tracker.task = Task.init(
             project_name=project,

@@ -22,7 +22,6 @@ deleted once the run publishes.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -32,10 +31,9 @@ from pathlib import Path
 
 from compressflow.logs import run_logger
 from compressflow.store.atomic import write_atomic
-from compressflow.store.caching import cache_root, code_identity
-from compressflow.store.manifest import library_versions
+from compressflow.store.caching import cache_root
+from compressflow.store.identity import file_sha256
 
-FORMAT = 1
 ROOT = "calibration-resume"
 MANIFEST = "manifest.json"
 KEY = "key.json"
@@ -48,16 +46,6 @@ def checkpoint_folder(run_key: str) -> Path:
     """Where a run's calibration checkpoints live; each recipe it calibrates (a target search
     calibrates several) has a subfolder named by its hash."""
     return cache_root() / ROOT / run_key[:32]
-
-
-def checkpoint_key(**parts) -> dict:
-    """`parts` (what the calibration reads) plus the code that runs it."""
-    return {
-        **parts,
-        "format": FORMAT,
-        "libraries": library_versions(),
-        "compressflow": code_identity(),
-    }
 
 
 def discard(folder: Path) -> None:
@@ -91,14 +79,6 @@ def _last_written(folder: Path) -> float:
         for name in folders + files:
             newest = max(newest, os.lstat(os.path.join(parent, name)).st_mtime)
     return newest
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 24):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def to_device(value, device):
@@ -202,7 +182,7 @@ class CalibrationCheckpoint:
             return f"it names files this project does not write ({foreign[0]!r})"
         for name, digest in manifest["files"].items():
             path = self.folder / name
-            if not path.is_file() or sha256_of(path) != digest:
+            if not path.is_file() or file_sha256(path).hex() != digest:
                 return f"{name} is missing or corrupt"
         return None
 
@@ -275,7 +255,7 @@ class CalibrationCheckpoint:
             write_atomic(self.folder / name, lambda p, t=tensors: save_file(t, p))
             del tensors
             layers.append(name)
-            files[name] = sha256_of(self.folder / name)
+            files[name] = file_sha256(self.folder / name).hex()
 
         finished_pass = subgraph_index == subgraphs - 1
         acts_name = None
@@ -283,7 +263,7 @@ class CalibrationCheckpoint:
             acts_name = f"acts-p{pass_index}-s{subgraph_index}.pt"
             batches = [to_device(acts.fetch(index), "cpu") for index in range(len(acts))]
             write_atomic(self.folder / acts_name, lambda p: torch.save(batches, p))
-            files[acts_name] = sha256_of(self.folder / acts_name)
+            files[acts_name] = file_sha256(self.folder / acts_name).hex()
         manifest = {
             "layers": layers,
             "acts": acts_name,

@@ -7,17 +7,14 @@ model is never replaced unless it is an earlier compressflow output (it holds ou
 `overwrite` is asked for, and an output never overlaps the source model's folder. What a killed
 run leaves beside the output (staging, offload and retired folders) the next run removes.
 
-The manifest's `run_key` hashes what determines the result (model identity, dataset fingerprint,
-rendered recipe, calibration knobs, library versions): a later run with the same key finds the
-published folder and returns it without calibrating again.
+The manifest's `run_key` (`compressflow.store.identity.run_key`) hashes what determines the
+result: a later run with the same key finds the published folder and returns it without
+calibrating again.
 """
 
 from __future__ import annotations
 
 import glob
-import hashlib
-import importlib.metadata
-import json
 import os
 import re
 import shutil
@@ -31,15 +28,11 @@ from compressflow.errors import InputError, PublishError
 from compressflow.limits import MAX_JSON_BYTES, not_regular
 from compressflow.logs import run_logger
 from compressflow.params import (
-    CalibrationArgs,
     DatasetArgs,
     ModelArgs,
     OutputArgs,
-    RecipeArgs,
-    TargetArgs,
 )
 from compressflow.results import (
-    BuiltDataset,
     FetchedModel,
     LayerTime,
     MemoryPlan,
@@ -54,19 +47,6 @@ from compressflow.settings import settings
 from compressflow.store.atomic import write_atomic
 
 MANIFEST = "manifest.json"
-
-
-# The libraries whose versions a result depends on: recorded in the manifest, part of the run key
-# and of the cache key of the cached stages (compressflow.store.caching).
-LIBRARIES = (
-    "llmcompressor",
-    "compressed-tensors",
-    "transformers",
-    "tokenizers",
-    "torch",
-    "datasets",
-    "prefect",
-)
 
 
 class ManifestResult(BaseModel):
@@ -146,58 +126,6 @@ class Manifest(BaseModel):
     def calibration_args(self) -> DatasetArgs | None:
         """The calibration DatasetArgs, or None when the recipe used no data (e.g. FP8_DYNAMIC)."""
         return DatasetArgs(**self.inputs["dataset"]) if self.dataset else None
-
-
-def library_versions() -> dict[str, str]:
-    """Installed versions of `LIBRARIES`, read from their metadata (nothing is imported)."""
-    versions = {}
-    for name in LIBRARIES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = "absent"
-    return versions
-
-
-def run_key(
-    model: FetchedModel,
-    dataset: BuiltDataset | None,
-    recipe: RenderedRecipe,
-    recipe_args: RecipeArgs,
-    output: OutputArgs,
-    calibration: CalibrationArgs,
-    target: TargetArgs | None = None,
-) -> str:
-    """Hash of everything that determines the compressed checkpoint.
-
-    Of the calibration knobs, the path and the batch size change the result (model_free rounds
-    weights without oneshot; batches truncate to their shortest sample); where weights live and
-    prefetching do not. A quality target decides which modules stay unquantized: it is part of
-    the key when set, and absent otherwise (keys of runs without one are unchanged).
-    """
-    parts = {
-        "model": model.identity,
-        "model_class": model.model_class,
-        "dataset": dataset.fingerprint if dataset else None,
-        "recipe": recipe.sha256,
-        "pipeline": recipe_args.pipeline,
-        "sequential_targets": recipe_args.sequential_targets,
-        "tracing_ignore": recipe_args.tracing_ignore,
-        "save_compressed": output.save_compressed,
-        "calibration": calibration.model_dump(
-            include={"path", "batch_size", "moe_calibrate_all_experts"}
-        ),
-        "libraries": library_versions(),
-    }
-    if target is not None and target.max_perplexity_ratio:
-        parts["target"] = target.model_dump()
-        # The held-out text picks the winning round: a local file edited in place must not
-        # reuse what the old text chose (hub datasets are pinned by name and split).
-        if name := target.held_out.dataset_name:
-            from compressflow.store.caching import stat_signature  # caching imports this module
-
-            parts["held_out_files"] = stat_signature(Path(name).expanduser())
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
 def output_path(output: OutputArgs, model: FetchedModel, recipe: RenderedRecipe) -> Path:

@@ -1,0 +1,238 @@
+"""What a result depends on: every key and fingerprint compressflow computes, in one place.
+
+A cache bug means reading this module. Each key hashes what decides its result, and nothing else:
+
+- `run_key`: a published checkpoint (model identity, dataset fingerprint, rendered recipe, the
+  calibration knobs that change weights, library versions). A later run with the same key finds
+  the published folder and returns it without calibrating (`store.manifest`).
+- `cache_key`: a cached stage's result (Prefect's inputs and task source, `code_identity()`, and
+  the stat signature of every local path among the inputs: a folder edited in place keeps its
+  path) (`store.caching.LocalSourceAware`).
+- `resume_key`: a calibration checkpoint (what calibration reads, the code that runs it)
+  (`runtime.resume`).
+- `code_identity`: every .py file of the installed package and the libraries' versions. What a
+  stage returns depends on the code it calls and the libraries that do the work: editing or
+  upgrading any of them misses the caches instead of reusing what the new code would not produce.
+- `stat_signature` (cheap: path, size, mtime), `content_hash` (a local model folder's bytes) and
+  `dataset_fingerprint` (the tokens a calibration reads): the identities of files and data.
+
+Imports only the shared vocabulary: every other module that needs a key imports this one.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from compressflow.params import CalibrationArgs, OutputArgs, RecipeArgs, TargetArgs
+from compressflow.results import BuiltDataset, FetchedModel, RenderedRecipe
+
+# The libraries whose versions a result depends on: recorded in the manifest, part of the run key,
+# of the cache key of the cached stages and of the resume key.
+LIBRARIES = (
+    "llmcompressor",
+    "compressed-tensors",
+    "transformers",
+    "tokenizers",
+    "torch",
+    "datasets",
+    "prefect",
+)
+# The installed package's parts (flows, tasks and blocks are mapped from top-level folders).
+PACKAGES = ("compressflow", "compressflow.flows", "compressflow.tasks", "compressflow.blocks")
+# The layout of a calibration checkpoint's files (runtime.resume): bumped when it changes.
+RESUME_FORMAT = 1
+
+
+# ---------------------------------------------------------------- code and libraries
+
+
+def library_versions() -> dict[str, str]:
+    """Installed versions of `LIBRARIES`, read from their metadata (nothing is imported)."""
+    versions = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    return versions
+
+
+def package_folders() -> list[Path]:
+    """The folders of `PACKAGES`, found without importing them; a folder already inside an
+    earlier one (a non-editable install nests them) is not listed twice."""
+    folders: list[Path] = []
+    for name in PACKAGES:
+        spec = importlib.util.find_spec(name)
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            folder = Path(location).resolve()
+            if not any(folder.is_relative_to(seen) for seen in folders):
+                folders.append(folder)
+    return folders
+
+
+def source_hash(folders: list[Path]) -> str:
+    """sha256 over every .py file's path (relative to its folder) and content."""
+    digest = hashlib.sha256()
+    for folder in folders:
+        for file in sorted(folder.rglob("*.py")):
+            digest.update(f"{folder.name}/{file.relative_to(folder)}\0".encode())
+            digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+@functools.cache
+def code_identity() -> str:
+    """The code and library versions a result came from; computed once per process (a worker
+    runs one version of both)."""
+    versions = json.dumps(library_versions(), sort_keys=True)
+    return hashlib.sha256(f"{source_hash(package_folders())}\n{versions}".encode()).hexdigest()
+
+
+# ---------------------------------------------------------------- files and data
+
+
+def stat_signature(path: Path) -> str | None:
+    """Hash of (relative path, size, mtime) of every file under `path`; None if it isn't local.
+
+    Stat, not content: it must stay cheap on a 100 GB model folder, and any in-place edit
+    changes size or mtime.
+    """
+    if not path.exists():
+        return None
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    digest = hashlib.sha256()
+    for file in files:
+        stat = file.stat()
+        digest.update(
+            f"{file.relative_to(path.parent)}:{stat.st_size}:{stat.st_mtime_ns}\n".encode()
+        )
+    return digest.hexdigest()
+
+
+def file_sha256(file: Path) -> bytes:
+    with file.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").digest()
+
+
+def content_hash(path: Path) -> str:
+    """sha256 over every file's relative path and content: the identity of a local folder.
+
+    Files are hashed on several threads (hashlib and reads release the GIL): one core hashes
+    about 1.5 GB/s, so a 800 GB checkpoint would spend 9 minutes here before any check.
+    """
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        digests = pool.map(file_sha256, files)
+        digest = hashlib.sha256()
+        for file, file_digest in zip(files, digests, strict=True):
+            digest.update(str(file.relative_to(path)).encode() + b"\0")
+            digest.update(file_digest)
+    return digest.hexdigest()
+
+
+def dataset_fingerprint(tokenized, tokenizer_id: str, max_seq_len: int) -> str:
+    """sha256 over every column (tokens, masks, processor tensors) and how they were made."""
+    import numpy as np
+
+    digest = hashlib.sha256(f"{tokenizer_id}\nmax_seq_len={max_seq_len}\n".encode())
+    for batch in tokenized.with_format("numpy").iter(batch_size=256):
+        for column in sorted(batch):
+            for value in batch[column]:
+                array = np.asarray(value)
+                digest.update(f"{column}:{array.shape}:{array.dtype}\n".encode())
+                digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------- keys
+
+
+def run_key(
+    model: FetchedModel,
+    dataset: BuiltDataset | None,
+    recipe: RenderedRecipe,
+    recipe_args: RecipeArgs,
+    output: OutputArgs,
+    calibration: CalibrationArgs,
+    target: TargetArgs | None = None,
+) -> str:
+    """Hash of everything that determines the compressed checkpoint.
+
+    Of the calibration knobs, the path and the batch size change the result (model_free rounds
+    weights without oneshot; batches truncate to their shortest sample); where weights live and
+    prefetching do not. A quality target decides which modules stay unquantized: it is part of
+    the key when set, and absent otherwise (keys of runs without one are unchanged).
+    """
+    parts = {
+        "model": model.identity,
+        "model_class": model.model_class,
+        "dataset": dataset.fingerprint if dataset else None,
+        "recipe": recipe.sha256,
+        "pipeline": recipe_args.pipeline,
+        "sequential_targets": recipe_args.sequential_targets,
+        "tracing_ignore": recipe_args.tracing_ignore,
+        "save_compressed": output.save_compressed,
+        "calibration": calibration.model_dump(
+            include={"path", "batch_size", "moe_calibrate_all_experts"}
+        ),
+        "libraries": library_versions(),
+    }
+    if target is not None and target.max_perplexity_ratio:
+        parts["target"] = target.model_dump()
+        # The held-out text picks the winning round: a local file edited in place must not
+        # reuse what the old text chose (hub datasets are pinned by name and split).
+        if name := target.held_out.dataset_name:
+            parts["held_out_files"] = stat_signature(Path(name).expanduser())
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def cache_key(base: str, inputs: dict[str, Any]) -> str:
+    """A cached stage's key: Prefect's `base` (inputs and task source), `code_identity()`, and
+    the stat signature of every local path among the inputs."""
+    signatures = [sig for path in local_paths(inputs) if (sig := stat_signature(path)) is not None]
+    return hashlib.sha256("\n".join([base, code_identity(), *signatures]).encode()).hexdigest()
+
+
+def local_paths(inputs: dict[str, Any]) -> list[Path]:
+    """Every input string that could name a local file or folder. Not "": an unset field would
+    be the working directory, whose every edit would then miss the cache (and stat a checkout)."""
+    return [
+        Path(text).expanduser()
+        for text in sorted(set(_strings(inputs)))
+        if text and "\n" not in text and len(text) < 4096
+    ]
+
+
+def _strings(value: Any):
+    """Every string inside plain data and pydantic models, which is where paths hide."""
+    if isinstance(value, BaseModel):
+        value = value.model_dump()
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings(item)
+
+
+def resume_key(**parts) -> dict:
+    """A calibration checkpoint's key: `parts` (what the calibration reads) plus the code that
+    runs it and the checkpoint's file layout."""
+    return {
+        **parts,
+        "format": RESUME_FORMAT,
+        "libraries": library_versions(),
+        "compressflow": code_identity(),
+    }
