@@ -87,3 +87,15 @@ def test_sibling_groups_of_the_bottom_layer_do_not_import_each_other():
         "compressflow.store",
     )
     assert layers.layer_of("compressflow.params", config["layers"]) == (2, "compressflow")
+
+
+def test_an_import_circle_is_found_even_through_a_function_level_import(tmp_path, monkeypatch):
+    layers = _tool("check_layers")
+    monkeypatch.setattr(layers, "ROOT", tmp_path)
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "keys.py").write_text("from pkg.cache import signature\n")
+    (package / "cache.py").write_text("def signature():\n    from pkg import keys\n")
+    (package / "alone.py").write_text("import pkg.cache\n")
+    assert layers.circles({"pkg": "pkg"}) == ["pkg/cache.py: import circle: pkg.cache <-> pkg.keys"]

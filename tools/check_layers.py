@@ -1,10 +1,13 @@
-"""The import-layers contract: imports point down, siblings stay apart, internals go through compat.
+"""The import-layers contract: imports point down, siblings stay apart, no module imports itself
+back through others, internals go through compat.
 
 The contract is data in pyproject.toml (`[tool.compressflow.layers]`):
 - `layers`: a module may import modules of its own layer or of layers below it. A layer written
   as a list holds sibling packages that must not import one another (the bottom layer's groups).
 - `independent`: a package whose modules must not import each other (stages share code through
   the bottom layer instead).
+- No import circle between any two modules of the package (Tarjan's components of the import
+  graph), whatever their layers.
 - `adapter` and `internal_modules`: a private library name (an underscored attribute or module)
   or a module of `internal_modules` is reached only from the adapter module, so a library
   upgrade is one file's work. This rule covers every tracked Python file, tests included.
@@ -99,6 +102,42 @@ def violations(config: dict, package_dirs: dict[str, str]) -> list[str]:
     return found
 
 
+def circles(package_dirs: dict[str, str]) -> list[str]:
+    """Import circles between the package's modules, imports inside functions included: a
+    function-level import that dodges a circle still ties two modules into one."""
+    modules = module_files(package_dirs)
+    graph = {
+        module: {name for _, name in imported_names(file) if name in modules and name != module}
+        for module, file in modules.items()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(module: str) -> None:  # Tarjan's strongly connected components
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for name in sorted(graph[module]):
+            if name not in index:
+                visit(name)
+                low[module] = min(low[module], low[name])
+            elif name in stack:
+                low[module] = min(low[module], index[name])
+        if low[module] == index[module]:
+            component = []
+            while (name := stack.pop()) != module:
+                component.append(name)
+            if component:
+                circle = " <-> ".join(sorted([module, *component]))
+                found.append(f"{modules[module].relative_to(ROOT)}: import circle: {circle}")
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
 # Underscored names that are public API (the standard library's): not library internals.
 PUBLIC_UNDERSCORED = {"_exit", "_getframe", "_asdict", "_replace", "_fields", "_make"}
 
@@ -151,7 +190,11 @@ def main() -> int:
         **pyproject["tool"]["setuptools"]["package-dir"],
     }
     config = pyproject["tool"]["compressflow"]["layers"]
-    found = violations(config, package_dirs) + internals_outside_adapter(config, package_dirs)
+    found = (
+        violations(config, package_dirs)
+        + circles(package_dirs)
+        + internals_outside_adapter(config, package_dirs)
+    )
     for line in found:
         print(line)
     print(f"import layers: {len(found)} violation(s)" if found else "import layers: kept")
