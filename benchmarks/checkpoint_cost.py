@@ -47,10 +47,10 @@ def one_run(variant: str, root: Path, samples: int, max_seq_len: int) -> None:
 
     from benchmarks.common import long_texts
     from benchmarks.flow_vs_bare import model_spec
-    from compressflow import compat
     from compressflow.demo.assets import build_tiny_llama
     from compressflow.params import CalibrationArgs, RecipeArgs
     from compressflow.recipes.render import render
+    from compressflow.runtime.pipeline import resumable_pipeline
     from compressflow.runtime.resume import CalibrationCheckpoint, checkpoint_folder, discard
 
     path = build_tiny_llama(root / "model", model_spec())
@@ -71,7 +71,7 @@ def one_run(variant: str, root: Path, samples: int, max_seq_len: int) -> None:
         oneshot(model=model, processor=tokenizer, recipe=render(RecipeArgs()).yaml, **kwargs)
     else:
         checkpoint = CalibrationCheckpoint(folder, {"benchmark": True}, interval[variant])
-        with compat.resumable_pipeline(checkpoint, independent=True) as pipeline:
+        with resumable_pipeline(checkpoint, independent=True) as pipeline:
             oneshot(
                 model=model,
                 processor=tokenizer,

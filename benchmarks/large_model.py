@@ -194,7 +194,7 @@ def reading_steps(model: str, out: str, plan: dict, root: Path) -> dict:
     from compressflow.data.local_text import verification_texts
     from compressflow.reporting.quality import logits_of
     from compressflow.results import FetchedModel, MemoryPlan
-    from compressflow.tasks.calibrate import load_for_calibration
+    from compressflow.runtime.calibration import load_for_calibration
     from compressflow.tasks.verify import check_weights, one_pass_logits, reload
 
     fetched = FetchedModel.model_construct(

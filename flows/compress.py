@@ -37,6 +37,7 @@ from compressflow.reporting.lineage import (
 )
 from compressflow.reporting.tracking import track_flow_run
 from compressflow.results import Calibration, PublishedModel, RenderedRecipe
+from compressflow.runtime.calibration import calibrate_here
 from compressflow.runtime.events import emit_published
 from compressflow.runtime.isolation import warm_up
 from compressflow.runtime.resume import discard
@@ -49,10 +50,11 @@ from compressflow.store.manifest import (
     staging_path,
 )
 from compressflow.tasks.build_held_out import build_held_out
-from compressflow.tasks.calibrate import calibrate, calibrate_here
+from compressflow.tasks.calibrate import calibrate
 from compressflow.tasks.publish import publish, summarize_reused
 from compressflow.tasks.search_target import search_target
-from compressflow.tasks.verify import verify, verify_reused, vllm_not_run
+from compressflow.tasks.verify import verify, verify_reused
+from compressflow.verification.vllm import vllm_not_run
 
 
 def run_name() -> str:

@@ -22,7 +22,7 @@ from compressflow.flows.compress import compress
 from compressflow.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs, VerifyArgs
 from compressflow.reporting.quality import logits_of
 from compressflow.results import MemoryPlan
-from compressflow.tasks.calibrate import capture_reference, load_for_calibration
+from compressflow.runtime.calibration import capture_reference, load_for_calibration
 from compressflow.tasks.fetch_model import fetch
 from compressflow.tasks.verify import check_names
 

@@ -27,6 +27,7 @@ from compressflow.demo.zoo import build_tiny, model_class
 from compressflow.params import RecipeArgs
 from compressflow.recipes.render import render
 from compressflow.runtime import resume
+from compressflow.runtime.pipeline import resumable_pipeline
 from compressflow.runtime.resume import CalibrationCheckpoint
 from compressflow.store import identity
 
@@ -81,7 +82,7 @@ def calibrate(model_path: Path, folder: Path, interval_s: float, stop_after: int
     try:
         with (
             compat.restored_torch_functions(),
-            compat.resumable_pipeline(checkpoint, independent=True) as pipeline,
+            resumable_pipeline(checkpoint, independent=True) as pipeline,
         ):
             oneshot(
                 model=model,
@@ -308,7 +309,7 @@ def test_checkpoints_no_run_came_back_for_expire_and_nothing_else(tmp_path):
 def test_a_calibration_expires_stale_checkpoints_as_the_setting_says(tmp_path, monkeypatch, caplog):
     from types import SimpleNamespace
 
-    from compressflow.tasks.calibrate import calibration_checkpoint
+    from compressflow.runtime.calibration import calibration_checkpoint
 
     stale = tmp_path / resume.ROOT / "two-days-old"
     stale.mkdir(parents=True)

@@ -26,7 +26,7 @@ from compressflow.flows.evaluate import apply_gate
 from compressflow.params import QualityGate, RecipeArgs, SearchSpace, VerifyArgs
 from compressflow.recipes.render import render
 from compressflow.results import Calibration, FetchedModel, MemoryPlan, VerificationCheck
-from compressflow.tasks import calibrate as calibrate_module
+from compressflow.runtime import calibration as calibration_module
 from compressflow.tasks import verify as verify_module
 from compressflow.tasks.check_traceability import check_quantized_layers, check_smoothquant_mappings
 
@@ -133,16 +133,16 @@ def test_a_library_failure_calibrating_a_preset_names_recipe_preset(tmp_path, mo
         raise ValueError("boom inside llm-compressor")
 
     tiny = LlamaForCausalLM(LlamaConfig(**TINY_LLAMA))
-    monkeypatch.setattr(calibrate_module, "load_for_calibration", lambda *args: tiny)
-    monkeypatch.setattr(calibrate_module, "load_processor", lambda model: None)
-    monkeypatch.setattr(calibrate_module, "capture_reference", lambda *args: tmp_path / "ref")
+    monkeypatch.setattr(calibration_module, "load_for_calibration", lambda *args: tiny)
+    monkeypatch.setattr(calibration_module, "load_processor", lambda model: None)
+    monkeypatch.setattr(calibration_module, "capture_reference", lambda *args: tmp_path / "ref")
     monkeypatch.setattr("llmcompressor.oneshot", fails)
     model = FetchedModel(
         path=str(tmp_path), source="local", model_id="m", identity="sha256:test", size_bytes=0
     )
 
     with pytest.raises(CalibrationError) as raised:
-        calibrate_module.calibrate_here(
+        calibration_module.calibrate_here(
             model,
             None,
             render(RecipeArgs(preset="W4A16")),

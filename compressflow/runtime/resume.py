@@ -1,7 +1,7 @@
 """Calibration checkpoints: a crashed run resumes from the last finished subgraph.
 
-The sequential pipeline (compat.resumable_pipeline, the library has no resume of its own) hands
-every finished subgraph to a `CalibrationCheckpoint`. At most every `interval_s` seconds it
+The sequential pipeline (compressflow.runtime.pipeline, the library has no resume of its own)
+hands every finished subgraph to a `CalibrationCheckpoint`. At most every `interval_s` seconds it
 saves, under `<cache root>/calibration-resume/<run>/`:
 
 - `layers/p<pass>-s<subgraph>.safetensors`: the parameters and buffers of one finished subgraph,
