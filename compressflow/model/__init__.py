@@ -1,1 +1,2 @@
-"""The model as a file and a shape: checkpoint headers, the meta model, hardware limits, the memory plan."""
+"""The model as a file and a shape: checkpoint headers and folder checks, downloads, the meta
+model, hardware limits, the memory plan."""
