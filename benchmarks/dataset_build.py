@@ -3,7 +3,7 @@
 512 samples of local text (the standard library's docstrings, chunked so each reaches 2048
 tokens with the demo tokenizer) in a JSON-lines file, tokenized to 2048 tokens:
 
-- compressflow:  `tasks.build_dataset.build(args, model)` (the stage's plain function, no
+- compressflow:  `compressflow.data.build.build` (what the stage runs in its child, no
                  Prefect): config check, tokenizer, load the file, seeded sampling, batched
                  tokenization, fingerprint over every token, `save_to_disk` into the cache;
 - llm-compressor: what `oneshot(dataset=...)` does with a text dataset: the tokenizer, the file
@@ -42,8 +42,10 @@ def ours(args) -> dict:
     import numpy  # noqa: F401
     from transformers import AutoConfig, AutoTokenizer  # noqa: F401
 
+    from compressflow.data.build import build
     from compressflow.params import DatasetArgs
-    from compressflow.tasks.build_dataset import build
+    from compressflow.store.caching import cache_root
+    from compressflow.store.identity import dataset_fingerprint
 
     model = FetchedModel(
         path=args.model,
@@ -56,6 +58,8 @@ def ours(args) -> dict:
     built = build(
         DatasetArgs(dataset_name=args.data, text_samples=args.samples, max_seq_len=args.tokens),
         model,
+        dataset_fingerprint,
+        cache_root() / "datasets",
     )
     return {
         "build_s": time.perf_counter() - started,

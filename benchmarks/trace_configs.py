@@ -77,7 +77,7 @@ def run_one(name: str, tokens: int) -> None:
     """Child process: trace one config and print its report on a marked line."""
     import torch
 
-    from compressflow.tasks.check_traceability import trace_config
+    from compressflow.model.tracing import trace_config
 
     # A fixed, spread-out sample within the vocabulary: tracing needs shapes, not meaning.
     ids = (torch.arange(tokens) * 7919).remainder(VOCAB).unsqueeze(0)

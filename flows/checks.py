@@ -30,6 +30,7 @@ from compressflow.params import (
     RecipeArgs,
     TargetArgs,
 )
+from compressflow.recipes.target import check_searchable
 from compressflow.results import BuiltDataset, FetchedModel, MemoryPlan, RenderedRecipe
 from compressflow.runtime.gpus import refuse_fewer_samples, refuse_too_few
 from compressflow.runtime.isolation import in_child
@@ -47,7 +48,6 @@ from compressflow.tasks.check_traceability import check_traceability
 from compressflow.tasks.fetch_model import fetch_model
 from compressflow.tasks.plan_memory import plan_memory
 from compressflow.tasks.render_recipe import render_recipe
-from compressflow.tasks.search_target import check_searchable
 
 # run(stage, *args) -> the stage's result; a stage is a Prefect task or a plain check function.
 Runner = Callable[..., Any]

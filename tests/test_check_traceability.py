@@ -19,10 +19,11 @@ from transformers import (
 from transformers.modeling_outputs import CausalLMOutput
 
 from compressflow.errors import TraceabilityError
+from compressflow.model.tracing import trace_config
 from compressflow.params import RecipeArgs
 from compressflow.recipes.render import render
 from compressflow.results import BuiltDataset, FetchedModel, RenderedRecipe, TraceReport
-from compressflow.tasks.check_traceability import check_traceability, trace_config
+from compressflow.tasks.check_traceability import check_traceability
 
 
 def _recipe(pipeline: str, needs_data: bool = True) -> RenderedRecipe:

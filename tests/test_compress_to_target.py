@@ -30,16 +30,16 @@ from compressflow.params import (
     VerifyArgs,
 )
 from compressflow.recipes.render import render
-from compressflow.recipes.tree import add_ignore, iter_modifiers
-from compressflow.reporting.model_card import target_section
-from compressflow.results import Calibration, ModuleMetric, TargetRound, TargetSearch
-from compressflow.tasks.search_target import (
+from compressflow.recipes.target import (
     check_searchable,
     next_count,
     not_met,
     ranked_modules,
     with_unquantized,
 )
+from compressflow.recipes.tree import add_ignore, iter_modifiers
+from compressflow.reporting.model_card import target_section
+from compressflow.results import Calibration, ModuleMetric, TargetRound, TargetSearch
 
 # parameters
 

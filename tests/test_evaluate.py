@@ -89,7 +89,9 @@ def test_metrics_of_a_compressed_model_against_the_base_in_its_manifest(compress
 def test_held_out_text_leaves_out_the_calibration_samples(compressed, tiny_model):
     from datasets import load_from_disk
 
-    from compressflow.tasks.build_dataset import build
+    from compressflow.data.build import build
+    from compressflow.store.caching import cache_root
+    from compressflow.store.identity import dataset_fingerprint
 
     base = fetch(ModelArgs(model_id=str(tiny_model)))
     calibration = read_manifest(Path(compressed)).calibration_args()
@@ -98,7 +100,8 @@ def test_held_out_text_leaves_out_the_calibration_samples(compressed, tiny_model
     # same rows.
     same_draw = HeldOutArgs(samples=16, max_seq_len=64, seed=CALIBRATION.seed).dataset_args()
     held_out = build_held_out(same_draw, base, calibration)
-    calibrated = load_from_disk(build(CALIBRATION, base).path)["input_ids"]
+    built = build(CALIBRATION, base, dataset_fingerprint, cache_root() / "datasets")
+    calibrated = load_from_disk(built.path)["input_ids"]
     assert held_out.excluded_calibration_samples == 16
     assert len(held_out.input_ids) == 16
     assert not {tuple(ids) for ids in held_out.input_ids} & {tuple(ids) for ids in calibrated}

@@ -23,12 +23,12 @@ from compressflow.errors import (
     VerificationError,
 )
 from compressflow.flows.evaluate import apply_gate
+from compressflow.model.tracing import check_quantized_layers, check_smoothquant_mappings
 from compressflow.params import QualityGate, RecipeArgs, SearchSpace, VerifyArgs
 from compressflow.recipes.render import render
 from compressflow.results import Calibration, FetchedModel, MemoryPlan, VerificationCheck
 from compressflow.runtime import calibration as calibration_module
 from compressflow.tasks import verify as verify_module
-from compressflow.tasks.check_traceability import check_quantized_layers, check_smoothquant_mappings
 
 TINY_LLAMA = dict(
     vocab_size=128,

@@ -1,6 +1,6 @@
 """Text sources: how rows are loaded, sampled, turned into text and tokenized.
 
-Shared by the calibration dataset (tasks/build_dataset.py) and the held-out evaluation text
+Shared by the calibration dataset (compressflow/data/build.py) and the held-out evaluation text
 (tasks/build_held_out.py), so evaluation can rebuild exactly the rows calibration drew and leave
 them out.
 

@@ -1,8 +1,8 @@
 """Dataset shortcuts: short names for calibration datasets, as plain data.
 
 Every shortcut llm-compressor 0.14 registers is here (same hub ids and row formats), plus
-`python_docs`, which needs no network. `tasks.build_dataset` reads these entries; nothing here
-runs code. An entry holds:
+`python_docs`, which needs no network. `compressflow.data.text_sources` reads these entries;
+nothing here runs code. An entry holds:
 
 - `description`: one line for humans.
 - where rows come from, exactly one of

@@ -13,13 +13,14 @@ with the flows' parameters.
 
 from __future__ import annotations
 
+import gc
 import math
 from pathlib import Path
 
 from compressflow.compat import patch_reloads
 from compressflow.errors import first_line
 from compressflow.logs import run_logger
-from compressflow.results import QualityMetrics
+from compressflow.results import FetchedModel, HeldOutText, QualityMetrics
 
 
 def load_causal_lm(path: str, model_class: str, trust_remote_code: bool):
@@ -237,3 +238,12 @@ def perplexity(model, input_ids: list[list[int]]) -> float:
             nll -= logp.gather(1, tokens[0, 1:, None]).sum().item()
             positions += len(ids) - 1
     return math.exp(nll / positions)
+
+
+def perplexity_of(path: str, model: FetchedModel, held_out: HeldOutText) -> float:
+    loaded = load_causal_lm(path, model.model_class, model.trust_remote_code)
+    try:
+        return perplexity(loaded, held_out.input_ids)
+    finally:
+        del loaded
+        gc.collect()
