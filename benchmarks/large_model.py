@@ -195,7 +195,9 @@ def reading_steps(model: str, out: str, plan: dict, root: Path) -> dict:
     from compressflow.reporting.quality import logits_of
     from compressflow.results import FetchedModel, MemoryPlan
     from compressflow.runtime.calibration import load_for_calibration
-    from compressflow.tasks.verify import check_weights, one_pass_logits, reload
+    from compressflow.verification.logits import one_pass_logits
+    from compressflow.verification.reload import reload
+    from compressflow.verification.weights import check_weights
 
     fetched = FetchedModel.model_construct(
         path=model, model_id=model, model_class="LlamaForCausalLM", trust_remote_code=False

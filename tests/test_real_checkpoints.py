@@ -24,7 +24,7 @@ from compressflow.reporting.quality import logits_of
 from compressflow.results import MemoryPlan
 from compressflow.runtime.calibration import capture_reference, load_for_calibration
 from compressflow.tasks.fetch_model import fetch
-from compressflow.tasks.verify import check_names
+from compressflow.verification.names import check_names
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -141,7 +141,7 @@ def test_nan_in_a_model_free_source_is_refused_by_verify_naming_the_tensor(nan_m
     """The model-free path leaves the source as it is, so its reference logits come from verify's
     one pass: a source with NaN is refused there as the source's fault, not the compression's."""
     from compressflow.results import Calibration, RenderedRecipe
-    from compressflow.tasks.verify import run_checks
+    from compressflow.verification.run import run_checks
 
     out, _, plan = model_free_output(Path(nan_model.path), tmp_path)
     calibration = Calibration(staging_path=str(out), seconds=1, peak_rss_mb=1, checkpoint_bytes=1)

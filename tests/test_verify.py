@@ -14,7 +14,8 @@ from safetensors.torch import load_file, save_file
 
 from compressflow.demo.zoo import VISION_BUILDERS, ZOO, build_tiny, model_class
 from compressflow.results import RenderedRecipe
-from compressflow.tasks.verify import check_names, check_quantization_config
+from compressflow.verification.config import check_quantization_config
+from compressflow.verification.names import check_names
 
 RECIPE = RenderedRecipe(
     yaml="",
@@ -125,7 +126,7 @@ def test_an_fp8_weight_dequantizes_with_its_scale_per_tensor_row_or_block(
     a [3, 1] block scale was taken for a per-row one and the check crashed)."""
     from safetensors import safe_open
 
-    from compressflow.tasks.verify import dequantized
+    from compressflow.verification.weights import dequantized
 
     scale = torch.rand(scale_shape) + 0.5
     rows, cols = -(-shape[0] // scale_shape[0]), -(-shape[1] // scale_shape[1])
@@ -181,7 +182,7 @@ def test_a_reloaded_model_on_disk_reads_each_tensor_once_per_forward(tiny_model,
     from compressed_tensors.offload.cache.disk import DiskCache
 
     from compressflow.reporting.quality import logits_of
-    from compressflow.tasks.verify import reload
+    from compressflow.verification.reload import reload
 
     out, model, plan = model_free_output(tiny_model, tmp_path)
     loaded, _ = reload(out, model, plan)
@@ -213,7 +214,9 @@ def test_a_model_free_output_is_checked_in_one_pass_as_the_reloaded_model_comput
     from transformers import AutoModelForCausalLM
 
     from compressflow.reporting.quality import compare_logits, logits_of
-    from compressflow.tasks.verify import check_weights, one_pass_logits, reload
+    from compressflow.verification.logits import one_pass_logits
+    from compressflow.verification.reload import reload
+    from compressflow.verification.weights import check_weights
 
     out, model, plan = model_free_output(tiny_model, tmp_path, scheme)
     samples = [[5, 6, 7, 8, 9], [10, 11, 12]]
@@ -261,7 +264,7 @@ def test_a_model_free_reload_checks_the_keys_reading_no_weight(tiny_model, tmp_p
     import transformers.modeling_utils
 
     from compressflow.model.checkpoint import tensor_index
-    from compressflow.tasks.verify import reload
+    from compressflow.verification.reload import reload
 
     out, model, plan = model_free_output(tiny_model, tmp_path)
     monkeypatch.setattr(transformers.modeling_utils, "safe_open", HeadersOnly)
@@ -290,13 +293,13 @@ def test_a_linear_fed_its_rows_out_of_order_turns_the_one_pass_down(
     the pass gives up (None: separate passes follow) instead, without loading the model."""
     from transformers.models.llama.modeling_llama import LlamaMLP
 
-    from compressflow.tasks import verify
+    from compressflow.verification import logits
 
     out, model, plan = model_free_output(tiny_model, tmp_path)
     mlp = LlamaMLP.forward
     monkeypatch.setattr(LlamaMLP, "forward", lambda self, x: mlp(self, x.transpose(0, 1)))
-    monkeypatch.setattr(verify, "load_offloaded", lambda *_: pytest.fail("loaded the source"))
-    assert verify.one_pass_logits(out, model, plan, [[5, 6, 7, 8, 9], [10, 11, 12]]) is None
+    monkeypatch.setattr(logits, "load_offloaded", lambda *_: pytest.fail("loaded the source"))
+    assert logits.one_pass_logits(out, model, plan, [[5, 6, 7, 8, 9], [10, 11, 12]]) is None
 
 
 def test_a_model_free_output_whose_source_cannot_stream_is_checked_on_it_loaded_from_disk(
@@ -305,14 +308,111 @@ def test_a_model_free_output_whose_source_cannot_stream_is_checked_on_it_loaded_
     """A source that cannot stream (a checkpoint transformers renames on load, fused experts):
     the one pass runs on the source loaded with its weights on disk, with the same result."""
     from compressflow.reporting.quality import compare_logits
-    from compressflow.tasks import verify
+    from compressflow.verification import logits
 
     out, model, plan = model_free_output(tiny_model, tmp_path)
     samples = [[5, 6, 7, 8, 9], [10, 11, 12]]
-    streamed = verify.one_pass_logits(out, model, plan, samples)
-    monkeypatch.setattr(verify, "streamed_model", lambda *_: None)
-    loaded = verify.one_pass_logits(out, model, plan, samples)
+    streamed = logits.one_pass_logits(out, model, plan, samples)
+    monkeypatch.setattr(logits, "streamed_model", lambda *_: None)
+    loaded = logits.one_pass_logits(out, model, plan, samples)
     assert loaded.errors == pytest.approx(streamed.errors) and len(loaded.errors) == 14
     for kind in ("base", "logits"):
         figures = compare_logits(getattr(streamed, kind), getattr(loaded, kind))
         assert figures["cosine"] > 0.9999 and figures["top1_agreement"] == 1.0
+
+
+# --- the registry: each check carries its name, the field a failure blames, and the fix --------
+
+
+def test_every_check_is_registered_once_and_records_itself_under_its_name(tmp_path):
+    """Each module of compressflow/verification/ that defines a check is in the registry, under
+    its own name, with a field and a fix; each check's function records what it finds under that
+    name, so every check a Verification can hold has an entry the task's error reads."""
+    import importlib
+    import pkgutil
+
+    from compressflow import verification
+    from compressflow.params import VerifyArgs
+    from compressflow.results import FetchedModel, MemoryPlan
+    from compressflow.verification.registry import CHECKS
+
+    modules = [
+        importlib.import_module(f"{verification.__name__}.{info.name}")
+        for info in pkgutil.iter_modules(verification.__path__)
+    ]
+    defined = [module.CHECK for module in modules if hasattr(module, "CHECK")]
+    assert len({check.name for check in defined}) == len(defined) == len(CHECKS)
+    assert set(defined) == set(CHECKS.values())
+    for name, check in CHECKS.items():
+        assert name == check.name and check.field.strip() and check.fix.strip(), check
+
+    # Each function, run where it returns at once, records its check under the registry's name.
+    write_config(tmp_path, None)
+    model = FetchedModel(
+        path=str(tmp_path), source="local", model_id="m", identity="sha256:test", size_bytes=0
+    )
+    plan = MemoryPlan.model_construct(path="classic", placement="cpu")
+    reference = {"logits": [torch.randn(2, 8)], "input_ids": [[1, 2]]}
+    runs = {
+        "quantization config": lambda function: function(tmp_path, RECIPE),
+        "tensor names": lambda function: function(tmp_path, tmp_path),
+        "weights": lambda function: function(tmp_path, tmp_path),
+        "reload": lambda function: function(tmp_path, model, plan)[1],
+        "logits": lambda function: function([torch.randn(2, 8)], reference, VerifyArgs(), None)[0],
+        "vllm": lambda function: function(tmp_path, model, [[1, 2]], VerifyArgs(vllm="off"))[0],
+    }
+    assert runs.keys() == CHECKS.keys()
+    for name, check in CHECKS.items():
+        assert runs[name](check.function).name == name
+
+
+@pytest.mark.parametrize("recipe_source", ["preset:W4A16", "file:recipe.yaml"])
+def test_a_failed_check_raises_with_the_field_and_fix_of_its_registry_entry(
+    tmp_path, monkeypatch, recipe_source
+):
+    """The first failed check's entry says what VerificationError names: its field ("recipe"
+    standing for the parameter the recipe was given in) and its fix."""
+    from compressflow.errors import VerificationError
+    from compressflow.params import VerifyArgs
+    from compressflow.results import (
+        Calibration,
+        FetchedModel,
+        MemoryPlan,
+        Verification,
+        VerificationCheck,
+    )
+    from compressflow.tasks import verify
+    from compressflow.verification.registry import CHECKS
+
+    recipe = RECIPE.model_copy(update={"source": recipe_source})
+    given_in = "recipe.preset" if recipe_source.startswith("preset:") else "recipe.recipe"
+    model = FetchedModel(
+        path=str(tmp_path), source="local", model_id="m", identity="sha256:test", size_bytes=0
+    )
+    calibration = Calibration(
+        staging_path=str(tmp_path), seconds=1, peak_rss_mb=1, checkpoint_bytes=1
+    )
+    monkeypatch.setattr(verify, "create_markdown_artifact", lambda *args, **kwargs: None)
+    for name, check in CHECKS.items():
+        checks = [
+            VerificationCheck(name=other, passed=True, detail="fine")
+            for other in CHECKS
+            if other != name
+        ]
+        failed = Verification(
+            passed=False,
+            checks=[*checks, VerificationCheck(name=name, passed=False, detail="wrong")],
+        )
+        monkeypatch.setattr(verify, "in_child", lambda function, *args, result=failed: result)
+        with pytest.raises(VerificationError) as raised:
+            verify.verify.fn(
+                calibration,
+                model,
+                recipe,
+                MemoryPlan.model_construct(path="classic", placement="cpu"),
+                VerifyArgs(),
+                "out",
+            )
+        assert raised.value.field == (given_in if check.field == "recipe" else check.field)
+        assert raised.value.fix == check.fix
+        assert f"{name}: wrong" in raised.value.problem

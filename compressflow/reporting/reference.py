@@ -3,8 +3,8 @@ whose logits are not finite.
 
 Calibrate captures them before oneshot changes the model in place; on the model-free path, which
 leaves the source as it is, verify takes them in the same forward as the compressed model's
-(tasks/verify.py). Either way a source with NaN or inf is refused, naming the tensor, rather
-than the compression being blamed for it.
+(compressflow/verification/logits.py). Either way a source with NaN or inf is refused, naming the
+tensor, rather than the compression being blamed for it.
 """
 
 from __future__ import annotations
