@@ -46,7 +46,8 @@ from compressflow.errors import CalibrationError, CompressflowError
 from compressflow.logs import run_logger
 from compressflow.model.cpus import ChildThreads
 
-PRELOAD = ["compressflow.runtime.preload"]  # the libraries, and what children would build again
+# The libraries and what children would build again; verify's checks, a sibling of runtime.
+PRELOAD = ["compressflow.runtime.preload", "compressflow.verification.run"]
 KILL_GRACE_SECONDS = 10
 # A child that has sent its end is exiting (milliseconds, as a rule): how long it may take.
 EXIT_GRACE_SECONDS = 2

@@ -12,6 +12,7 @@ import llmcompressor  # noqa: F401
 import torch  # noqa: F401
 import transformers  # noqa: F401
 
+import compressflow.data.build  # noqa: F401
 import compressflow.data.text_sources  # noqa: F401
 import compressflow.data.vision  # noqa: F401
 import compressflow.model.checkpoint  # noqa: F401
@@ -19,6 +20,7 @@ import compressflow.model.memory  # noqa: F401
 import compressflow.model.streaming  # noqa: F401
 import compressflow.model.tracing  # noqa: F401
 import compressflow.recipes.render  # noqa: F401
+import compressflow.runtime.calibration  # noqa: F401
 from compressflow import compat
 
 compat.modifier_classes()
