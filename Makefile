@@ -49,19 +49,21 @@ vllm-env: $(VLLM_STAMP)
 demo: $(STAMP)
 	$(PY) -m compressflow.demo
 
-# Every behaviour, one end-to-end run each; the slow matrices run in `make matrix`.
+# The folder decides a test's tier (tests/conftest.py sets the e2e and matrix markers from it).
+# Every behaviour, one end-to-end run each: the unit tests, then the end-to-end ones; the slow
+# matrices run in `make matrix`.
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not matrix" $(PYTEST_ARGS)
+	$(PY) -m pytest -q tests/unit tests/e2e $(PYTEST_ARGS)
 
 # The fast tests alone: no Prefect server, no end-to-end run.
 unit: $(STAMP)
-	$(PY) -m pytest -q -m "not e2e and not matrix" $(PYTEST_ARGS)
+	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
 # The slow set: the architecture and preset matrices (every family and CPU preset end to end)
 # and the longest end-to-end drills (multi-process faults, torchrun launches); CI runs it after
 # `make test`.
 matrix: $(STAMP)
-	$(PY) -m pytest -q -m matrix $(PYTEST_ARGS)
+	$(PY) -m pytest -q tests/matrix $(PYTEST_ARGS)
 
 # Formatter, linter and the import-layers contract (pyproject.toml), as CI runs them.
 lint: $(STAMP)

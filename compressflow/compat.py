@@ -7,7 +7,7 @@ Two kinds of entry, each with the public API it stands in for:
   `tools/check_layers.py` refuses a private name anywhere else.
 - Workarounds for the pinned libraries (transformers 5.17, llm-compressor 0.14.0.1). Each fixes a
   measured failure, says where it belongs upstream, and is safe to remove when the pin moves past
-  the fix (tests/test_architectures.py fails if it is still needed).
+  the fix (tests/matrix/test_architectures.py fails if it is still needed).
 """
 
 from __future__ import annotations

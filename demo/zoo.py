@@ -2,9 +2,9 @@
 
 Each entry is a real transformers architecture (dense, MoE, vision-language) shrunk to two
 layers, with widths that are multiples of 128 so W4A16's groups fit. The architecture matrix in
-tests/test_architectures.py compresses every one with the presets and proves what is published;
-`build_tiny(name, root)` writes a model folder (config, safetensors, tokenizer or processor)
-once and reuses it.
+tests/matrix/test_architectures.py compresses every one with the presets and proves what is
+published; `build_tiny(name, root)` writes a model folder (config, safetensors, tokenizer or
+processor) once and reuses it.
 
 Random weights give near-uniform logits, so the lm_head is scaled up: top-1 agreement between a
 model and its compressed copy then means something. A tied model (Gemma2) gets its final norm

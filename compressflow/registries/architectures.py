@@ -3,7 +3,7 @@
 Keyed by `config.json`'s `model_type`. The adapt-recipe stage applies a rule to the rendered
 recipe (ignore patterns, SmoothQuant mappings) and calibration applies the checkpoint renames
 before saving. What llm-compressor already does right for a family needs no entry; every entry
-says why it exists and has a test in tests/test_architectures.py.
+says why it exists and has a test in tests/unit/test_architecture_rules.py.
 
 Measured on tiny random-weight models of each family (llm-compressor 0.14.0.1, transformers 5.17).
 """

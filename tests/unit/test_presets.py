@@ -1,0 +1,172 @@
+"""The preset registry: every preset renders and validates, does what the registry claims on a
+CPU-only worker, and is listed in docs/recipes.md exactly as the registry says.
+
+GPU-only presets are checked as far as a CPU worker can: rendered, validated, refused with the
+reason, and traced on the meta model once that refusal is set aside. CPU presets run end to end
+in tests/matrix/test_cpu_presets.py.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from support.recipes import BF16_PRESETS
+from support.stand_ins import no_hardware_check
+
+from compressflow.errors import RecipeError
+from compressflow.flows.validate import validate
+from compressflow.model.hardware import NEEDS_ACCELERATOR, accelerator
+from compressflow.params import RecipeArgs
+from compressflow.recipes.render import render
+from compressflow.recipes.tree import iter_modifiers
+from compressflow.registries.presets import (
+    KV_CACHE_FP8,
+    PRESETS,
+    TABLE_COLUMNS,
+    markdown_table,
+    preset_rows,
+    resolve_args,
+)
+
+RECIPES_PAGE = Path(__file__).resolve().parents[2] / "docs" / "recipes.md"
+GPU_PRESETS = [name for name, preset in PRESETS.items() if not preset.cpu_ok]
+
+
+def quantizing_modifier(rendered) -> dict:
+    """The arguments of the rendered recipe's modifier that quantizes (the one with a scheme)."""
+    recipe = yaml.safe_load(rendered.yaml)
+    [kwargs] = [k for _, _, k in iter_modifiers(recipe) if "scheme" in k or "config_groups" in k]
+    return kwargs
+
+
+# ---------------------------------------------------------------- every preset
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_preset_renders_validates_and_needs_the_data_it_claims(name):
+    preset = PRESETS[name]
+    rendered = render(RecipeArgs(preset=name))
+    assert rendered.source == f"preset:{name}"
+    assert rendered.needs_data == preset.needs_data
+    assert rendered.pipeline == ("sequential" if preset.needs_data else "datafree")
+    assert quantizing_modifier(rendered)["kv_cache_scheme"] is None
+    assert preset.vllm_gpus and preset.description.endswith(".")
+    assert all(p.doc for p in preset.placeholders.values())
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_preset_takes_the_fp8_kv_cache_which_needs_data(name):
+    rendered = render(
+        RecipeArgs(preset=name, recipe_args=resolve_args(name, {"kv_cache_scheme": "fp8"}))
+    )
+    assert quantizing_modifier(rendered)["kv_cache_scheme"] == KV_CACHE_FP8
+    assert rendered.needs_data and rendered.pipeline == "sequential"
+
+
+def test_kv_cache_fp8_is_a_name_recipe_args_take():
+    """Needs compressflow.recipes.placeholders.effective_args to return its values through resolve_args."""
+    rendered = render(RecipeArgs(preset="FP8_DYNAMIC", recipe_args={"kv_cache_scheme": "fp8"}))
+    assert quantizing_modifier(rendered)["kv_cache_scheme"] == KV_CACHE_FP8
+    assert rendered.args["kv_cache_scheme"] == KV_CACHE_FP8
+
+
+def test_an_unknown_kv_cache_name_is_refused_with_the_names():
+    with pytest.raises(RecipeError) as raised:
+        resolve_args("W4A16", {"kv_cache_scheme": "fp16"})
+    assert raised.value.field == "recipe.recipe_args"
+    assert "fp16" in str(raised.value) and "fp8" in raised.value.fix
+    mapping = {**KV_CACHE_FP8, "strategy": "attn_head"}  # full mappings pass as given
+    assert resolve_args("W4A16", {"kv_cache_scheme": mapping}) == {"kv_cache_scheme": mapping}
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_gpu_only_exactly_where_the_worker_check_refuses(name):
+    """The registry's cpu_ok agrees with the modifiers compressflow.model.hardware refuses on CPU."""
+    rendered = render(RecipeArgs(preset=name))
+    assert PRESETS[name].cpu_ok == (not set(rendered.modifiers) & set(NEEDS_ACCELERATOR))
+
+
+# ---------------------------------------------------------------- the listing and the docs
+
+
+def test_listing_has_a_row_per_preset_with_gpu_only_marked():
+    rows = preset_rows()
+    assert [row["preset"] for row in rows] == list(PRESETS)
+    for row in rows:
+        preset = PRESETS[row["preset"]]
+        assert set(row) == {"preset", "what", "placeholders", "data", "vllm_gpus", "cpu_worker"}
+        assert all(f"{key}=" in row["placeholders"] for key in preset.placeholders)
+        assert row["cpu_worker"] == "yes" if preset.cpu_ok else row["cpu_worker"].startswith("no: ")
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The cells of a Markdown table's body rows (header and separator dropped)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip().startswith("|")]
+    return [[cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]] for line in lines[2:]]
+
+
+def test_docs_recipes_table_is_the_registry():
+    section = RECIPES_PAGE.read_text(encoding="utf-8").split("\n## Recipes\n", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    table = section[section.index("| preset |") :].split("\n\n", 1)[0]
+    assert table.splitlines()[0] == "| " + " | ".join(TABLE_COLUMNS) + " |"
+    rows = table_rows(table)
+    assert [row[0].strip("`") for row in rows] == list(PRESETS), (
+        "docs/recipes.md's preset table lists other presets than the registry; paste "
+        "compressflow.registries.presets.markdown_table() into docs/recipes.md's ## Recipes"
+    )
+    assert rows == table_rows(markdown_table()), "docs/recipes.md's preset table is out of date"
+
+
+# ---------------------------------------------------------------- GPU-only presets on CPU
+
+
+@pytest.mark.parametrize("name", GPU_PRESETS)
+def test_gpu_only_preset_is_refused_here_and_passes_every_other_check(
+    name, tiny_model, tmp_path, monkeypatch
+):
+    params = dict(
+        model={"model_id": str(tiny_model)},
+        dataset={"dataset_name": "python_docs", "text_samples": 8, "max_seq_len": 64},
+        recipe={"preset": name},
+        output={"save_directory": str(tmp_path / "out")},
+    )
+    if accelerator() is None:
+        with pytest.raises(RecipeError, match="needs a CUDA GPU worker"):
+            validate(**params)
+    # What a GPU worker checks beyond the hardware, without weights: the trace on the meta model.
+    monkeypatch.setattr("compressflow.flows.checks.refuse_unsupported", no_hardware_check)
+    checks = {check.name: check.detail for check in validate(**params).checks}
+    if PRESETS[name].needs_data:
+        assert re.search(r"\d+ subgraphs", checks["traceability"]), checks
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", sorted(BF16_PRESETS))
+def test_fp4_preset_on_a_float32_model_is_refused_before_weights_load(name, tiny_model, tmp_path):
+    with pytest.raises(RecipeError, match="needs a bf16 or fp16 model"):
+        validate(
+            model={"model_id": str(tiny_model)},
+            dataset={"dataset_name": "python_docs", "text_samples": 8, "max_seq_len": 64},
+            recipe={"preset": name},
+            output={"save_directory": str(tmp_path / "out")},
+        )
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------- the CLI's listing
+
+
+def test_the_cli_lists_every_preset_with_its_hardware(capsys):
+    from compressflow.flows.cli import main
+    from compressflow.registries.presets import PRESETS
+
+    assert main(["presets"]) == 0
+    listed = capsys.readouterr().out
+    for name, preset in PRESETS.items():
+        assert f"{name}: " in listed
+        assert preset.vllm_gpus in listed
+    assert "CPU worker here: no" in listed  # AWQ is marked GPU-only

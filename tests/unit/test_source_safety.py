@@ -1,0 +1,377 @@
+"""Safe to run unattended: the source model is never written to, publishing deletes only an earlier
+output of ours (known by its manifest), and what a killed run leaves beside the output is removed
+by the next run, never a live run's folder nor a user's (the flow doing so:
+tests/e2e/test_offload_leftovers.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from support.processes import dead_pid
+
+from compressflow.errors import InputError, PublishError
+from compressflow.flows.checks import resolve_inputs
+from compressflow.flows.validate import validate
+from compressflow.params import CalibrationArgs, DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
+from compressflow.store import manifest as store
+from compressflow.store.manifest import (
+    MANIFEST,
+    Manifest,
+    ManifestResult,
+    check_apart,
+    check_output_path,
+    check_target,
+    leftover_owner,
+    remove_leftovers,
+    seal,
+    write_manifest,
+)
+
+DATA = DatasetArgs(dataset_name="python_docs", text_samples=8, max_seq_len=64)
+
+
+def an_output(folder: Path, scheme: str = "W4A16", listed: bool = True) -> Path:
+    """A folder as compressflow publishes it: a checkpoint file and our manifest, which lists
+    them."""
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_text("an earlier output")
+    result = ManifestResult(
+        run_key="k",
+        model_identity="sha256:x",
+        scheme=scheme,
+        size_bytes=1,
+        original_size_bytes=2,
+        compression_ratio=2.0,
+    )
+    manifest = Manifest(
+        created_at="2025-01-01T00:00:00+00:00",
+        result=result,
+        inputs={},
+        model={},
+        dataset=None,
+        recipe={},
+        libraries={},
+        stages=[],
+        peak_rss_mb=0.0,
+        # Manifests before compressflow recorded what it published do not list it.
+        files=[MANIFEST, "model.safetensors"] if listed else None,
+    )
+    write_manifest(folder, manifest)
+    return folder
+
+
+@pytest.fixture()
+def source(tiny_model, tmp_path) -> Path:
+    """A local model folder of the test's own (config and tokenizer; no weights needed)."""
+    folder = tmp_path / "models" / "llama"
+    shutil.copytree(tiny_model, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    return folder
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+# --- The source is sacred --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "where, how",
+    [
+        (lambda src: src, "is"),
+        (lambda src: src / "compressed", "lies inside"),
+        (lambda src: src.parent, "contains"),
+        (lambda src: src.parent / "link-to-llama", "is"),  # a symlink to the source
+    ],
+    ids=["same", "inside", "contains", "symlink"],
+)
+def test_output_overlapping_a_local_source_is_refused_before_the_model_is_fetched(
+    source, where, how
+):
+    (source.parent / "link-to-llama").symlink_to(source)
+    before = files(source)
+    stages: list[str] = []
+
+    def run(stage, *args):
+        stages.append(stage.name)
+        return stage.fn(*args)
+
+    with pytest.raises(PublishError) as raised:
+        resolve_inputs(
+            run,
+            ModelArgs(model_id=str(source)),
+            DATA,
+            RecipeArgs(recipe="W4A16"),
+            OutputArgs(save_directory=str(where(source)), overwrite=True),
+            CalibrationArgs(),
+        )
+    message = str(raised.value)
+    resolved = where(source).resolve()
+    assert message.startswith(f"output.save_directory: {resolved} {how} the source model's")
+    assert str(source.resolve()) in message and "Fix: choose a save_directory outside" in message
+    assert stages == ["render recipe"], "the model was fetched (hashed) before the refusal"
+    assert files(source) == before
+
+
+def test_output_inside_the_hub_cache_folder_is_refused_before_the_dataset_builds(hub_cache):
+    stages: list[str] = []
+
+    def run(stage, *args):
+        stages.append(stage.name)
+        return stage.fn(*args)
+
+    for inside in (hub_cache / "snapshots" / "out", hub_cache / "blobs"):
+        with pytest.raises(PublishError, match=f"the source model's folder {hub_cache}"):
+            resolve_inputs(
+                run,
+                ModelArgs(model_id="acme/tiny-llama"),
+                DATA,
+                RecipeArgs(recipe="W4A16"),
+                OutputArgs(save_directory=str(inside), overwrite=True),
+                CalibrationArgs(),
+            )
+    assert "build dataset" not in stages and "fetch model" in stages
+
+
+def test_validate_refuses_an_output_inside_the_source(source):
+    with pytest.raises(PublishError, match="output.save_directory: .* lies inside the source"):
+        validate(
+            model={"model_id": str(source)},
+            dataset=DATA.model_dump(),
+            recipe={"recipe": "W4A16"},
+            output={"save_directory": str(source / "out"), "overwrite": True},
+        )
+    assert not (source / "out").exists()
+
+
+def test_an_offload_folder_inside_the_source_or_the_output_is_refused(tmp_path):
+    src, out = tmp_path / "src", tmp_path / "out"
+    for offload, what in [
+        (src, "source model's"),
+        (src / "tmp", "source model's"),
+        (out, "output"),
+    ]:
+        with pytest.raises(InputError) as raised:
+            check_apart(out, src, str(offload))
+        assert str(raised.value).startswith(f"calibration.offload_folder: {offload.resolve()}")
+        assert f"the {what} folder" in str(raised.value)
+    check_apart(out, src, str(tmp_path))  # a folder that holds the output is fine
+    check_apart(out, src, "")
+
+
+def test_validate_refuses_an_offload_folder_inside_the_source(source, tmp_path):
+    with pytest.raises(InputError, match="calibration.offload_folder: .* lies inside the source"):
+        validate(
+            model={"model_id": str(source)},
+            dataset=DATA.model_dump(),
+            recipe={"recipe": "W4A16"},
+            output={"save_directory": str(tmp_path / "out")},
+            calibration={"offload_folder": str(source / "offload")},
+        )
+
+
+# --- Publishing deletes only an earlier output of ours ---------------------------------------
+
+
+def test_a_folder_without_our_manifest_is_refused_even_with_overwrite(tmp_path):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "notes.txt").write_text("mine")
+    with pytest.raises(PublishError) as raised:
+        check_target(target, "key", overwrite=True)
+    assert "1 entries (notes.txt), which compressflow did not publish" in str(raised.value)
+    assert "replaces only an earlier compressflow output" in str(raised.value)
+    check_target(an_output(tmp_path / "ours"), "key", overwrite=True)  # ours: replaceable
+
+
+def test_sealing_never_moves_away_a_folder_without_our_manifest(tmp_path):
+    staging, target = tmp_path / ".out.staging", tmp_path / "out"
+    staging.mkdir()
+    (staging / "config.json").write_text("{}")
+    target.mkdir()
+    (target / "notes.txt").write_text("mine")
+    with pytest.raises(PublishError, match="compressflow did not publish"):
+        seal(staging, target, overwrite=True)
+    assert files(target) == {"notes.txt": b"mine"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.staging", "out"]
+
+
+def test_sealing_over_an_earlier_output_retires_it_under_our_pid(tmp_path, monkeypatch):
+    staging, target = tmp_path / ".out.staging", tmp_path / "out"
+    staging.mkdir()
+    (staging / "config.json").write_text("{}")
+    an_output(target)
+    retired: list[Path] = []
+    deleting = store.delete_output
+    monkeypatch.setattr(store, "delete_output", lambda f: (retired.append(f), deleting(f)))
+    seal(staging, target, overwrite=True)
+    assert files(target) == {"config.json": b"{}"}
+    assert [leftover_owner(target, f) for f in retired] == [("retired", os.getpid())]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_overwrite_refuses_an_earlier_output_holding_files_it_did_not_publish(tmp_path):
+    target = an_output(tmp_path / "out")
+    (target / "eval").mkdir()
+    (target / "eval" / "results.json").write_text("mine")
+    (target / "notes.md").write_text("mine too")
+    before = files(target)
+    with pytest.raises(PublishError) as raised:
+        check_target(target, "another key", overwrite=True)
+    message = str(raised.value)
+    assert message.startswith("output.save_directory: ")
+    assert (
+        "3 entries the earlier compressflow output did not publish (eval, eval/results.json, "
+        "notes.md); replacing it would delete them"
+    ) in message
+    assert "Fix: move them out of that folder, or choose another save_directory" in message
+    # Added while a run calibrated: sealing checks again and moves nothing.
+    staging = tmp_path / ".out.staging"
+    staging.mkdir()
+    (staging / "config.json").write_text("{}")
+    with pytest.raises(PublishError, match="replacing it would delete them"):
+        seal(staging, target, overwrite=True)
+    assert files(target) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.staging", "out"]
+
+
+def test_overwrite_refuses_an_output_whose_manifest_does_not_list_its_files(tmp_path):
+    target = an_output(tmp_path / "out", listed=False)
+    with pytest.raises(PublishError, match="did not record the files it published") as raised:
+        check_target(target, "another key", overwrite=True)
+    assert "delete it yourself, or choose another save_directory" in str(raised.value)
+
+
+def test_a_manifest_naming_files_outside_its_folder_is_not_ours(tmp_path):
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep")
+    for name in ["../precious.txt", str(precious), "a/../../precious.txt", "./x", ""]:
+        target = an_output(tmp_path / f"out-{abs(hash(name))}")
+        manifest = json.loads((target / MANIFEST).read_text())
+        (target / MANIFEST).write_text(json.dumps({**manifest, "files": [name]}))
+        assert store.read_manifest(target) is None, name
+        with pytest.raises(PublishError, match="compressflow did not publish"):
+            check_target(target, "another key", overwrite=True)
+        store.delete_output(target)
+        assert precious.read_text() == "keep"
+
+
+def test_a_manifest_that_is_a_fifo_is_not_read(tmp_path):
+    target = tmp_path / "out"
+    target.mkdir()
+    os.mkfifo(target / MANIFEST)  # opening it would block until a writer came
+    assert store.read_manifest(target) is None
+    with pytest.raises(PublishError, match="compressflow did not publish"):
+        check_target(target, "key", overwrite=True)
+
+
+def test_deleting_a_retired_output_deletes_only_what_it_published(tmp_path, caplog):
+    folder = an_output(tmp_path / ".out.retired-1-0123abcd")
+    (folder / "added-after-the-check.txt").write_text("mine")
+    (tmp_path / "elsewhere").mkdir()
+    (folder / "link").symlink_to(tmp_path / "elsewhere")
+    with caplog.at_level("WARNING", logger=store.__name__):
+        store.delete_output(folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["added-after-the-check.txt", "link"]
+    assert f"Left {folder}: it holds files the replaced output did not publish" in caplog.text
+    store.delete_output(an_output(tmp_path / "whole"))
+    assert not (tmp_path / "whole").exists()
+
+
+def test_an_output_name_too_long_for_the_runs_working_files_is_refused(tmp_path):
+    longest = 255 - len(".staging-4194304-ffffffff.reference.safetensors") - 1
+    check_output_path(tmp_path / ("n" * longest))
+    with pytest.raises(PublishError) as raised:
+        check_output_path(tmp_path / ("n" * (longest + 1)))
+    message = str(raised.value)
+    assert message.startswith("output.save_directory: its last part, nnnn")
+    assert f"is {longest + 1} bytes long" in message
+    assert f"Fix: choose a save_directory whose last part is at most {longest} bytes" in message
+
+
+def test_an_output_or_offload_folder_under_a_file_is_refused(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("mine")
+    with pytest.raises(PublishError, match=f"{a_file}/out lies under {a_file}, which is a file"):
+        check_output_path(a_file / "out")
+    with pytest.raises(PublishError, match=f"{a_file} is {a_file}, which is a file"):
+        check_output_path(a_file)
+    with pytest.raises(InputError, match=f"calibration.offload_folder: {a_file} is a file"):
+        check_apart(tmp_path / "out", tmp_path / "src", str(a_file))
+    assert a_file.read_text() == "mine"
+
+
+def test_a_tokenizer_file_linking_out_of_the_model_folder_is_not_published(tmp_path):
+    from compressflow.runtime.calibration import copy_preprocessing_files
+
+    secret = tmp_path / "home" / ".clearml.conf"
+    secret.parent.mkdir()
+    secret.write_text("api { credentials { secret_key: s3cr3t } }")
+    local = tmp_path / "local-model"
+    local.mkdir()
+    (local / "tokenizer_config.json").write_text("{}")
+    (local / "tokenizer_extra.json").symlink_to(secret)
+    # A hub snapshot: its files link into the repository's blobs, which is its own.
+    repo = tmp_path / "hub" / "models--org--name"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "blobs" / "0123").write_text('{"merges": []}')
+    snapshot = repo / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "tokenizer.json").symlink_to(Path("../../blobs/0123"))
+    for source, published in [(local, ["tokenizer_config.json"]), (snapshot, ["tokenizer.json"])]:
+        staging = tmp_path / f"staging-{source.name}"
+        staging.mkdir()
+        copy_preprocessing_files(source, staging)
+        assert sorted(p.name for p in staging.iterdir()) == published
+        assert not any(p.is_symlink() for p in staging.iterdir())
+
+
+# --- Clean after a crash ---------------------------------------------------------------------
+
+
+def test_leftovers_of_dead_runs_are_removed_and_nothing_else(tmp_path, caplog):
+    target, dead, live = tmp_path / "out", dead_pid(), os.getpid()
+    made = {
+        f".out.offload-{dead}": True,
+        f".out.offload-{live}": False,  # a live run's
+        f".out.staging-{dead}-0123abcd": True,
+        f".out.staging-{dead}-0123abcd.compile": True,  # its torch.compile cache
+        f".out.staging-{live}-0123abcd.compile": False,
+        f".out.retired-{live}-0123abcd": False,  # being deleted by a live run
+        f".out.retired-{dead}-89abcdef": False,  # no manifest: not provably an old output
+        f".out.retired-{dead}-0123abcd": True,  # an old output of ours
+        # Look-alikes a user may have: not our names, never touched.
+        ".out.offload-backup": False,
+        f".out.offload-{dead}-copy": False,
+        f".out.staging-{dead}": False,
+        f".out.retired-{dead}": False,
+        f".other.offload-{dead}": False,
+        f"out.offload-{dead}": False,
+    }
+    for name in made:
+        folder = tmp_path / name
+        if name.endswith("0123abcd") and "retired" in name:
+            an_output(folder)
+        else:
+            folder.mkdir()
+            (folder / "weights.bin").write_text("a copy of the weights")
+    reference = tmp_path / f".out.staging-{dead}-0123abcd.reference.safetensors"
+    reference.write_text("logits")
+    older = tmp_path / f".out.staging-{dead}-0123abcd.reference.pt"  # before safetensors
+    older.write_text("logits")
+    link = tmp_path / f".out.offload-{dead_pid()}"  # we never make links: not ours
+    link.symlink_to(tmp_path / ".out.offload-backup")
+
+    with caplog.at_level("INFO", logger=store.__name__):
+        remove_leftovers(target)
+
+    assert not reference.exists() and not older.exists()
+    for name, removed in made.items():
+        assert (tmp_path / name).exists() != removed, name
+    assert link.is_symlink()
+    removed = tmp_path / f".out.offload-{dead}"
+    assert f"Removed {removed} (offload), left by pid {dead}, which is gone" in caplog.text
