@@ -13,25 +13,17 @@ directly, without weights, and times each check.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from compressflow.inputs import Inputs, RunArgs
 from compressflow.model.hardware import (
     needs_accelerator,
     refuse_fp4_on_float32,
     refuse_unsupported,
 )
-from compressflow.params import (
-    CalibrationArgs,
-    DatasetArgs,
-    ModelArgs,
-    OutputArgs,
-    RecipeArgs,
-    TargetArgs,
-)
 from compressflow.recipes.target import check_searchable
-from compressflow.results import BuiltDataset, FetchedModel, MemoryPlan, RenderedRecipe
+from compressflow.results import MemoryPlan
 from compressflow.runtime.gpus import refuse_fewer_samples, refuse_too_few
 from compressflow.runtime.isolation import in_child
 from compressflow.store.disk_space import check_free_space
@@ -53,28 +45,10 @@ from compressflow.tasks.render_recipe import render_recipe
 Runner = Callable[..., Any]
 
 
-@dataclass(frozen=True)
-class Inputs:
-    """What the cheap stages resolved, and where the output goes."""
-
-    recipe: RenderedRecipe
-    model: FetchedModel
-    dataset: BuiltDataset | None
-    target: Path
-    key: str
-
-
-def resolve_inputs(
-    run: Runner,
-    model: ModelArgs,
-    dataset: DatasetArgs,
-    recipe: RecipeArgs,
-    output: OutputArgs,
-    calibration: CalibrationArgs,
-    weights: bool = True,
-    target_args: TargetArgs | None = None,
-) -> Inputs:
-    target_args = target_args or TargetArgs()
+def resolve_inputs(run: Runner, args: RunArgs, weights: bool = True) -> Inputs:
+    """What the cheap stages make of `args`, in the order that fails fastest."""
+    model, dataset, recipe, output = args.model, args.dataset, args.recipe, args.output
+    calibration = args.calibration
     rendered = run(render_recipe, recipe)
     # Not a stage: a check of this worker's hardware (torch's view of it), never cached. Asked of
     # torch only for a recipe that needs an accelerator: the child waits for the forkserver's
@@ -82,7 +56,7 @@ def resolve_inputs(
     if needs_accelerator(rendered):
         in_child(refuse_unsupported, rendered)
     # A target needs the per-module error only GPTQ reports: refused before anything downloads.
-    check_searchable(rendered, target_args)
+    check_searchable(rendered, args.target)
     local = Path(model.model_id).expanduser()
     if output.save_directory and not model.clearml_model and local.exists():
         # A local source is known before fetch_model hashes it (minutes for a large model).
@@ -96,16 +70,18 @@ def resolve_inputs(
     check_output_path(target)
     built = run(build_dataset, dataset, fetched, rendered.needs_data)
     return Inputs(
+        args=args,
         recipe=rendered,
         model=fetched,
         dataset=built,
         target=target,
-        key=run_key(fetched, built, rendered, recipe, output, calibration, target_args),
+        key=run_key(fetched, built, rendered, recipe, output, calibration, args.target),
     )
 
 
-def check_output(inputs: Inputs, output: OutputArgs) -> Path:
+def check_output(inputs: Inputs) -> Path:
     """The output folder takes this model, and its disk has room for the checkpoint."""
+    output = inputs.args.output
     check_target(inputs.target, inputs.key, output.overwrite)
     in_child(  # reads the scheme's bits from compressed-tensors
         check_free_space,
@@ -117,26 +93,12 @@ def check_output(inputs: Inputs, output: OutputArgs) -> Path:
     return inputs.target
 
 
-def check_before_calibration(
-    run: Runner,
-    inputs: Inputs,
-    recipe: RecipeArgs,
-    output: OutputArgs,
-    calibration: CalibrationArgs,
-) -> MemoryPlan:
-    refuse_too_few(calibration.gpus)  # before the output's checks: the host is wrong, not them
-    refuse_fewer_samples(calibration.gpus, inputs.dataset and inputs.dataset.num_samples)
-    run(check_output, inputs, output)
-    plan = run(
-        plan_memory,
-        inputs.model,
-        inputs.recipe,
-        inputs.dataset,
-        recipe,
-        calibration,
-        str(inputs.target),
-        inputs.key,
-    )
+def check_before_calibration(run: Runner, inputs: Inputs) -> MemoryPlan:
+    gpus = inputs.args.calibration.gpus
+    refuse_too_few(gpus)  # before the output's checks: the host is wrong, not them
+    refuse_fewer_samples(gpus, inputs.dataset and inputs.dataset.num_samples)
+    run(check_output, inputs)
+    plan = run(plan_memory, inputs)
     if plan.path == "classic":  # the model-free path builds no model: nothing to trace
-        run(check_traceability, inputs.model, inputs.recipe, inputs.dataset, recipe)
+        run(check_traceability, inputs.model, inputs.recipe, inputs.dataset, inputs.args.recipe)
     return plan

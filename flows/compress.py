@@ -16,6 +16,7 @@ from prefect import flow
 
 from compressflow.blocks.clearml_settings import load_clearml_settings
 from compressflow.flows.checks import check_before_calibration, resolve_inputs
+from compressflow.inputs import RunArgs
 from compressflow.logs import run_logger
 from compressflow.model.serving import require_vllm
 from compressflow.params import (
@@ -90,15 +91,15 @@ def compress(
     # First: the forkserver's imports (5 s or more) overlap opening the ClearML task and the
     # cheap stages, instead of starting when the first of them needs a child.
     warm_up_children()
-    inputs = {
-        "model": model.model_dump(),
-        "dataset": dataset.model_dump(),
-        "recipe": recipe.model_dump(),
-        "output": output.model_dump(),
-        "verify": verify.model_dump(),
-        "calibration": calibration.model_dump(),
-        "target": target.model_dump(),
-    }
+    args = RunArgs(
+        model=model,
+        dataset=dataset,
+        recipe=recipe,
+        output=output,
+        verify=verify,
+        calibration=calibration,
+        target=target,
+    )
     # The flow run only, not its task runs: Prefect asks the server for a concurrency slot of
     # every tag of every task run, which on its SQLite backend took 2 s after a long stage
     # ("database is locked", retried; benchmarks/README.md).
@@ -108,9 +109,9 @@ def compress(
         load_clearml_settings(tracking.clearml_block),
         compress_run_name(model, recipe),
         output.tags,
-        inputs,
+        args.recorded(),
     ) as tracker:
-        published = run_stages(model, dataset, recipe, output, verify, calibration, inputs, target)
+        published = run_stages(args)
         # Emitted for new and reused outputs alike: compressflow/runtime/events.py says why.
         emit_published(published, model, output.auto_evaluate)
     if tracker.failures:
@@ -124,27 +125,17 @@ def warm_up_children() -> None:
     warm_up(calibrate_here, check_before_calibration, search_target, build_held_out.fn, verify.fn)
 
 
-def run_stages(
-    model: ModelArgs,
-    dataset: DatasetArgs,
-    recipe: RecipeArgs,
-    output: OutputArgs,
-    verify_args: VerifyArgs,
-    calibration: CalibrationArgs,
-    inputs: dict,
-    target_args: TargetArgs,
-) -> PublishedModel:
+def run_stages(args: RunArgs) -> PublishedModel:
     """The pipeline: cheap stages first, so mistakes fail before any weights load."""
     log = run_logger(__name__)
+    verify_args, calibration = args.verify, args.calibration
     require_vllm(
         "verify.vllm",
         verify_args.vllm == "required",
         "set verify.vllm to auto (check where possible) or off",
     )
     stages = Stages()
-    resolved = resolve_inputs(
-        stages.run, model, dataset, recipe, output, calibration, target_args=target_args
-    )
+    resolved = resolve_inputs(stages.run, args)
     target = resolved.target
     # One writer per output: a second run waits here, then reuses what the first published
     # (same inputs) or is refused by check_output (another model).
@@ -158,12 +149,12 @@ def run_stages(
             reused = existing.model_copy(update={"stages": stages.records})
             summarize_reused(reused)
             return reused
-        plan = check_before_calibration(stages.run, resolved, recipe, output, calibration)
+        plan = check_before_calibration(stages.run, resolved)
 
         held_out = None
-        if target_args.max_perplexity_ratio:  # before calibrating: a bad held-out set fails fast
+        if args.target.max_perplexity_ratio:  # before calibrating: a bad held-out set fails fast
             held_out = stages.run(
-                build_held_out, target_args.held_out.dataset_args(), resolved.model, dataset
+                build_held_out, args.target.held_out.dataset_args(), resolved.model, args.dataset
             )
         # Every staging folder this run makes (one per calibration): ours to delete.
         stagings: list[Path] = []
@@ -172,16 +163,9 @@ def run_stages(
             stagings.append(staging_path(target))
             return stages.run(
                 calibrate.with_options(timeout_seconds=calibration.timeout_minutes * 60 or None),
-                resolved.model,
-                resolved.dataset,
-                rendered,
-                recipe,
+                resolved.with_recipe(rendered),
                 plan,
                 str(stagings[-1]),
-                verify_args,
-                output.save_compressed,
-                dataset.data_collator,
-                calibration,
             )
 
         try:
@@ -189,32 +173,20 @@ def run_stages(
             chosen, search = resolved.recipe, None
             if held_out is not None:
                 calibrated, chosen, search = search_target(
-                    stages.run,
-                    calibrated,
-                    resolved.recipe,
-                    resolved.model,
-                    held_out,
-                    target_args,
-                    calibrate_into_staging,
+                    stages.run, resolved, calibrated, held_out, calibrate_into_staging
                 )
             verification = stages.run(
                 verify, calibrated, resolved.model, chosen, plan, verify_args, str(target)
             )
             checkpoint, upstream = publish_lineage(
-                resolved.model, resolved.dataset, target, recipe.label()
+                resolved.model, resolved.dataset, target, args.recipe.label()
             )
             published = stages.run(
                 materializing(publish, checkpoint, upstream, by="llm-compressor"),
+                resolved.with_recipe(chosen),
                 calibrated,
                 plan,
                 verification,
-                resolved.model,
-                resolved.dataset,
-                chosen,
-                str(target),
-                resolved.key,
-                inputs,
-                output,
                 list(stages.records),
                 search,
             )

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, create_model
 
 from compressflow.flows.checks import check_before_calibration, check_output, resolve_inputs
 from compressflow.flows.compress import compress
+from compressflow.inputs import RunArgs
 from compressflow.params import (
     CalibrationArgs,
     DatasetArgs,
@@ -102,17 +103,8 @@ def validate(
 
     warm_up(check_before_calibration)  # the checks' children then import nothing of their own
     timed = _TimedChecks()
-    inputs = resolve_inputs(
-        timed.run,
-        params.model,
-        params.dataset,
-        params.recipe,
-        params.output,
-        params.calibration,
-        weights=False,
-        target_args=params.target,
-    )
-    check_before_calibration(timed.run, inputs, params.recipe, params.output, params.calibration)
+    inputs = resolve_inputs(timed.run, RunArgs(**dict(params)), weights=False)
+    check_before_calibration(timed.run, inputs)
     return ValidationReport(
         checks=timed.checks,
         output_path=str(inputs.target),

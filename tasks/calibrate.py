@@ -11,13 +11,13 @@ import re
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from compressflow.inputs import Inputs
 from compressflow.logs import run_logger
 from compressflow.model import cpus
 from compressflow.model.memory import stage_offload_folder
-from compressflow.params import CalibrationArgs, RecipeArgs, VerifyArgs
 from compressflow.reporting import tracking
 from compressflow.reporting.progress import CalibrationProgress
-from compressflow.results import BuiltDataset, Calibration, FetchedModel, MemoryPlan, RenderedRecipe
+from compressflow.results import Calibration, MemoryPlan
 from compressflow.runtime.calibration import calibrate_here
 from compressflow.runtime.distributed import run_distributed
 from compressflow.runtime.gpus import gpu_slots
@@ -31,19 +31,8 @@ def layer_index(module_name: str) -> int:
 
 
 @task(name="calibrate", cache_policy=NO_CACHE)
-def calibrate(
-    model: FetchedModel,
-    dataset: BuiltDataset | None,
-    recipe: RenderedRecipe,
-    args: RecipeArgs,
-    plan: MemoryPlan,
-    staging_path: str,
-    verify: VerifyArgs,
-    save_compressed: bool = True,
-    data_collator: str | None = None,
-    calibration: CalibrationArgs | None = None,
-) -> Calibration:
-    """Calibrate in a process of its own (`calibrate_here`) and report what it did.
+def calibrate(inputs: Inputs, plan: MemoryPlan, staging_path: str) -> Calibration:
+    """Calibrate `inputs.recipe` in a process of its own (`calibrate_here`) and report it.
 
     The task's process keeps the progress artifact, the run log and ClearML; the child holds the
     model, so a timeout or cancellation that ends the task ends the calibration and frees its
@@ -51,7 +40,7 @@ def calibrate(
     (`calibration.gpus` slots: compressflow.runtime.gpus) and holds it until the child is gone;
     with more than one GPU, torchrun starts one rank per GPU (compressflow.runtime.distributed).
     """
-    calibration = calibration or CalibrationArgs()
+    calibration = inputs.args.calibration
     progress: list[CalibrationProgress] = []
 
     def on_event(kind: str, payload) -> None:
@@ -65,8 +54,7 @@ def calibrate(
         stage_offload_folder(plan, "calibrate") as staged,
         gpu_slots(calibration.gpus, calibration.timeout_minutes * 60 or None) as devices,
     ):
-        inputs = (model, dataset, recipe, args, staged, staging_path, verify, save_compressed)
-        job = (calibrate_here, (*inputs, data_collator))
+        job = (calibrate_here, (inputs, staged, staging_path))
         if calibration.gpus > 1:
             result = run_distributed(*job, calibration.gpus, devices, on_event, "calibration")
         else:

@@ -8,38 +8,30 @@ way it says. It is never cached: the same inputs on another worker plan differen
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from compressflow.errors import ResourceError
+from compressflow.inputs import Inputs
 from compressflow.logs import run_logger
 from compressflow.model import cpus
 from compressflow.model.memory import plan_for
 from compressflow.params import CalibrationArgs, RecipeArgs
 from compressflow.reporting import tracking
 from compressflow.reporting.progress import sequential_passes
-from compressflow.results import BuiltDataset, FetchedModel, MemoryPlan, RenderedRecipe, gib
+from compressflow.results import BuiltDataset, MemoryPlan, RenderedRecipe, gib
 from compressflow.runtime.isolation import in_child
 from compressflow.runtime.resume import checkpoint_folder
 
 
 @task(name="plan memory", cache_policy=NO_CACHE)
-def plan_memory(
-    model: FetchedModel,
-    recipe: RenderedRecipe,
-    dataset: BuiltDataset | None,
-    recipe_args: RecipeArgs,
-    args: CalibrationArgs,
-    target: str,
-    run_key: str = "",
-) -> MemoryPlan:
+def plan_memory(inputs: Inputs) -> MemoryPlan:
     """Plan calibration's memory for this worker; ResourceError when nothing fits."""
-    plan = in_child(
-        plan_for, model, recipe, dataset, args, Path(target), recipe_args.sequential_targets
-    )
-    plan = with_checkpoints(plan, recipe, dataset, recipe_args, args, run_key)
+    recipe, dataset, args = inputs.recipe, inputs.dataset, inputs.args.calibration
+    seq_targets = inputs.args.recipe.sequential_targets
+    plan = in_child(plan_for, inputs.model, recipe, dataset, args, inputs.target, seq_targets)
+    plan = with_checkpoints(plan, recipe, dataset, inputs.args.recipe, args, inputs.key)
     plan = with_threads(plan, args)
     log = run_logger(__name__)
     log.info("Memory plan: %s", plan.summary())

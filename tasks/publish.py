@@ -16,8 +16,8 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
+from compressflow.inputs import Inputs
 from compressflow.logs import run_logger
-from compressflow.params import OutputArgs
 from compressflow.reporting import tracking
 from compressflow.reporting.artifacts import (
     artifact_key,
@@ -27,12 +27,9 @@ from compressflow.reporting.artifacts import (
 )
 from compressflow.reporting.model_card import CARD, card_body, model_card
 from compressflow.results import (
-    BuiltDataset,
     Calibration,
-    FetchedModel,
     MemoryPlan,
     PublishedModel,
-    RenderedRecipe,
     StageRecord,
     TargetSearch,
     Verification,
@@ -107,24 +104,20 @@ def summarize_reused(published: PublishedModel) -> None:
 
 @task(name="publish", cache_policy=NO_CACHE)
 def publish(
+    inputs: Inputs,
     calibration: Calibration,
     plan: MemoryPlan,
     verification: Verification,
-    model: FetchedModel,
-    dataset: BuiltDataset | None,
-    recipe: RenderedRecipe,
-    target: str,
-    key: str,
-    inputs: dict,
-    output: OutputArgs,
     stages: list[StageRecord],
     search: TargetSearch | None = None,
 ) -> PublishedModel:
     """Write recipe.yaml and manifest.json beside the checkpoint, then publish it atomically.
 
+    `inputs.recipe` is the recipe `calibration` ran (a target search's chosen round);
     `search`: what compressing to a quality target tried, when the run had a target."""
     started = time.perf_counter()
-    staging, target_path = Path(calibration.staging_path), Path(target)
+    model, dataset, recipe, output = inputs.model, inputs.dataset, inputs.recipe, inputs.args.output
+    key, staging, target_path = inputs.key, Path(calibration.staging_path), inputs.target
     manifest = Manifest(
         created_at=datetime.now(timezone.utc).isoformat(),
         result=ManifestResult(
@@ -135,7 +128,7 @@ def publish(
             original_size_bytes=model.size_bytes,
             compression_ratio=round(model.size_bytes / max(calibration.checkpoint_bytes, 1), 3),
         ),
-        inputs=inputs,
+        inputs=inputs.args.recorded(),
         model=model.model_dump(exclude={"path"}),
         dataset=dataset.model_dump(exclude={"path"}) if dataset else None,
         recipe=recipe.model_dump(exclude={"yaml"}),

@@ -20,8 +20,8 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from compressflow.inputs import Inputs
 from compressflow.logs import run_logger
-from compressflow.params import TargetArgs
 from compressflow.recipes.target import (
     describe,
     next_count,
@@ -51,11 +51,9 @@ def measure_perplexity(path: str, model: FetchedModel, held_out: HeldOutText) ->
 
 def search_target(
     run: Callable[..., Any],
+    inputs: Inputs,
     first: Calibration,
-    recipe: RenderedRecipe,
-    model: FetchedModel,
     held_out: HeldOutText,
-    target: TargetArgs,
     recalibrate: Callable[[RenderedRecipe], Calibration],
 ) -> tuple[Calibration, RenderedRecipe, TargetSearch]:
     """The round that meets the target with the fewest modules unquantized: its calibration,
@@ -63,6 +61,7 @@ def search_target(
     `recalibrate(recipe)` runs one more calibration into a staging folder of its own; `run`
     runs a stage (the flow's `Stages.run`). Outputs that lose are deleted; TargetNotMet when
     no round met the target, with every output deleted."""
+    recipe, model, target = inputs.recipe, inputs.model, inputs.args.target
     log = run_logger(__name__)
     limit = target.max_perplexity_ratio
     base = run(measure_perplexity, model.path, model, held_out)

@@ -6,6 +6,8 @@ The contract is data in pyproject.toml (`[tool.compressflow.layers]`):
   as a list holds sibling packages that must not import one another (the bottom layer's groups).
 - `independent`: a package whose modules must not import each other (stages share code through
   the bottom layer instead).
+- `narrow` packages' functions take at most `max_parameters` (Prefect flows' own parameter
+  groups excepted).
 - No import circle between any two modules of the package (Tarjan's components of the import
   graph), whatever their layers.
 - `adapter` and `internal_modules`: a private library name (an underscored attribute or module)
@@ -138,6 +140,31 @@ def circles(package_dirs: dict[str, str]) -> list[str]:
     return found
 
 
+def wide_signatures(config: dict, package_dirs: dict[str, str]) -> list[str]:
+    """Functions of `narrow` packages taking more than `max_parameters`: the inputs travel as one
+    bundle (compressflow.inputs), not unpacked again at every call. A Prefect flow's own
+    parameter groups are its form in the UI: `@flow` functions are excepted."""
+    limit, found = config.get("max_parameters"), []
+    for module, file in sorted(module_files(package_dirs).items()):
+        if not limit or not any(module.startswith(p + ".") for p in config.get("narrow", [])):
+            continue
+        for node in ast.walk(ast.parse(file.read_text(), str(file))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            decorators = [d.func if isinstance(d, ast.Call) else d for d in node.decorator_list]
+            if any(getattr(d, "id", getattr(d, "attr", "")) == "flow" for d in decorators):
+                continue
+            arguments = node.args
+            names = [a.arg for a in [*arguments.posonlyargs, *arguments.args]]
+            count = len(names) + len(arguments.kwonlyargs) - (names[:1] in (["self"], ["cls"]))
+            if count > limit:
+                found.append(
+                    f"{file.relative_to(ROOT)}:{node.lineno}: {node.name} takes {count} "
+                    f"parameters (at most {limit}): hand it the inputs bundle"
+                )
+    return found
+
+
 # Underscored names that are public API (the standard library's): not library internals.
 PUBLIC_UNDERSCORED = {"_exit", "_getframe", "_asdict", "_replace", "_fields", "_make"}
 
@@ -193,6 +220,7 @@ def main() -> int:
     found = (
         violations(config, package_dirs)
         + circles(package_dirs)
+        + wide_signatures(config, package_dirs)
         + internals_outside_adapter(config, package_dirs)
     )
     for line in found:

@@ -34,9 +34,10 @@ from compressflow.data.text_sources import load_processor
 from compressflow.data.user_code import import_callable
 from compressflow.data.vision import collate_one
 from compressflow.errors import CalibrationError, first_line
+from compressflow.inputs import Inputs
 from compressflow.logs import run_logger
 from compressflow.model.memory import load_offloaded
-from compressflow.params import RecipeArgs, VerifyArgs
+from compressflow.params import VerifyArgs
 from compressflow.registries.architectures import ARCHITECTURES
 from compressflow.reporting.progress import on_subgraph_done, sequential_passes, subgraphs_per_pass
 from compressflow.reporting.quality import logits_of, save_reference
@@ -275,18 +276,9 @@ def peak_rss_mb() -> float:
 
 
 def calibrate_here(
-    model: FetchedModel,
-    dataset: BuiltDataset | None,
-    recipe: RenderedRecipe,
-    args: RecipeArgs,
-    plan: MemoryPlan,
-    staging_path: str,
-    verify: VerifyArgs,
-    save_compressed: bool,
-    data_collator: str | None,
-    events: Callable[..., None],
+    inputs: Inputs, plan: MemoryPlan, staging_path: str, events: Callable[..., None]
 ) -> Calibration:
-    """Load the model as `plan` says, run oneshot with the recipe, save it to `staging_path`.
+    """Load the model as `plan` says, run oneshot with `inputs.recipe`, save it to `staging_path`.
 
     Before oneshot changes the model, its logits on the verification texts are saved beside
     the staging folder, so the verify stage compares against the base without loading it again.
@@ -297,6 +289,9 @@ def calibrate_here(
     # llm-compressor already set the shared default here, so it is replaced, not defaulted.
     # This process is the run's alone.
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_path(Path(staging_path)))
+    model, dataset, recipe, args = inputs.model, inputs.dataset, inputs.recipe, inputs.args.recipe
+    verify, data_collator = inputs.args.verify, inputs.args.dataset.data_collator
+    save_compressed = inputs.args.output.save_compressed
     if plan.path == "model_free":
         return calibrate_model_free(model, plan, staging_path)
     import torch

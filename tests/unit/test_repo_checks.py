@@ -99,3 +99,18 @@ def test_an_import_circle_is_found_even_through_a_function_level_import(tmp_path
     (package / "cache.py").write_text("def signature():\n    from pkg import keys\n")
     (package / "alone.py").write_text("import pkg.cache\n")
     assert layers.circles({"pkg": "pkg"}) == ["pkg/cache.py: import circle: pkg.cache <-> pkg.keys"]
+
+
+def test_a_task_taking_more_than_six_parameters_is_refused_and_a_flow_is_not(tmp_path, monkeypatch):
+    layers = _tool("check_layers")
+    monkeypatch.setattr(layers, "ROOT", tmp_path)
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "stage.py").write_text(
+        "@task\ndef calibrate(a, b, c, d, e, f, g):\n    ...\n\n"
+        "@flow(name='x')\ndef compress(a, b, c, d, e, f, g, h):\n    ...\n\n"
+        "class Runner:\n    def run(self, a, b, c, d, e, f):\n        ...\n"
+    )
+    config = {"narrow": ["pkg.tasks"], "max_parameters": 6}
+    assert layers.wide_signatures(config, {"pkg.tasks": "tasks"}) == [
+        f"{Path('tasks', 'stage.py')}:2: calibrate takes 7 parameters (at most 6): hand it the inputs bundle"
+    ]

@@ -16,7 +16,8 @@ from support.processes import dead_pid
 from compressflow.errors import InputError, PublishError
 from compressflow.flows.checks import resolve_inputs
 from compressflow.flows.validate import validate
-from compressflow.params import CalibrationArgs, DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
+from compressflow.inputs import RunArgs
+from compressflow.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
 from compressflow.store import manifest as store
 from compressflow.store.manifest import (
     MANIFEST,
@@ -103,11 +104,12 @@ def test_output_overlapping_a_local_source_is_refused_before_the_model_is_fetche
     with pytest.raises(PublishError) as raised:
         resolve_inputs(
             run,
-            ModelArgs(model_id=str(source)),
-            DATA,
-            RecipeArgs(recipe="W4A16"),
-            OutputArgs(save_directory=str(where(source)), overwrite=True),
-            CalibrationArgs(),
+            RunArgs(
+                model=ModelArgs(model_id=str(source)),
+                dataset=DATA,
+                recipe=RecipeArgs(recipe="W4A16"),
+                output=OutputArgs(save_directory=str(where(source)), overwrite=True),
+            ),
         )
     message = str(raised.value)
     resolved = where(source).resolve()
@@ -128,11 +130,12 @@ def test_output_inside_the_hub_cache_folder_is_refused_before_the_dataset_builds
         with pytest.raises(PublishError, match=f"the source model's folder {hub_cache}"):
             resolve_inputs(
                 run,
-                ModelArgs(model_id="acme/tiny-llama"),
-                DATA,
-                RecipeArgs(recipe="W4A16"),
-                OutputArgs(save_directory=str(inside), overwrite=True),
-                CalibrationArgs(),
+                RunArgs(
+                    model=ModelArgs(model_id="acme/tiny-llama"),
+                    dataset=DATA,
+                    recipe=RecipeArgs(recipe="W4A16"),
+                    output=OutputArgs(save_directory=str(inside), overwrite=True),
+                ),
             )
     assert "build dataset" not in stages and "fetch model" in stages
 

@@ -23,8 +23,9 @@ from compressflow.errors import (
     VerificationError,
 )
 from compressflow.flows.evaluate import apply_gate
+from compressflow.inputs import Inputs, RunArgs
 from compressflow.model.tracing import check_quantized_layers, check_smoothquant_mappings
-from compressflow.params import QualityGate, RecipeArgs, SearchSpace, VerifyArgs
+from compressflow.params import ModelArgs, QualityGate, RecipeArgs, SearchSpace, VerifyArgs
 from compressflow.recipes.render import render
 from compressflow.results import Calibration, FetchedModel, MemoryPlan, VerificationCheck
 from compressflow.runtime import calibration as calibration_module
@@ -144,15 +145,16 @@ def test_a_library_failure_calibrating_a_preset_names_recipe_preset(tmp_path, mo
 
     with pytest.raises(CalibrationError) as raised:
         calibration_module.calibrate_here(
-            model,
-            None,
-            render(RecipeArgs(preset="W4A16")),
-            RecipeArgs(preset="W4A16"),
+            Inputs(
+                args=RunArgs(model=ModelArgs(model_id="m"), recipe=RecipeArgs(preset="W4A16")),
+                recipe=render(RecipeArgs(preset="W4A16")),
+                model=model,
+                dataset=None,
+                target=tmp_path / "out",
+                key="k",
+            ),
             MemoryPlan.model_construct(path="classic", placement="cpu"),
             str(tmp_path / "staging"),
-            VerifyArgs(),
-            True,
-            None,
             events=lambda *args: None,
         )
 
