@@ -84,3 +84,27 @@ class PointFailed(CompressflowError):
 
 class TargetNotMet(CompressflowError):
     """Compress to a target: no configuration the search could try met the quality target."""
+
+
+class StageDefect(CompressflowError):
+    """Something a stage does not check for escaped it: a defect to report, not an input to fix.
+
+    Every stage's boundary (`compressflow.runtime.stages.boundary`) turns what escapes it into
+    this, keeping the library's words in the message and its traceback in the run's log: a raw
+    library exception never becomes a run's message.
+    """
+
+    @classmethod
+    def of(cls, stage: str, exc: BaseException) -> StageDefect:
+        return cls(
+            f"stage {stage}",
+            f"{first_line(exc)}, raised inside the {stage} stage: a defect in compressflow or a "
+            "library it calls, not a problem in your parameters that a check knows of",
+            "report it with this run's log, which holds the full traceback; meanwhile run "
+            "`compressflow validate` on these parameters, and if the words name a model part or "
+            "a recipe field, try another model.model_class or recipe",
+        )
+
+
+class StageTimedOut(CompressflowError):
+    """A stage ran past the time limit a parameter set for it, and was stopped."""

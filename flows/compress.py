@@ -42,7 +42,7 @@ from compressflow.runtime.calibration import calibrate_here
 from compressflow.runtime.events import emit_published
 from compressflow.runtime.isolation import warm_up
 from compressflow.runtime.resume import discard
-from compressflow.runtime.stages import Stages
+from compressflow.runtime.stages import Stages, boundary
 from compressflow.store.locks import output_lock
 from compressflow.store.manifest import (
     find_published,
@@ -104,13 +104,16 @@ def compress(
     # every tag of every task run, which on its SQLite backend took 2 s after a long stage
     # ("database is locked", retried; benchmarks/README.md).
     add_run_tags([*output.tags, recipe.label()])
-    with track_flow_run(
-        tracking,
-        load_clearml_settings(tracking.clearml_block),
-        compress_run_name(model, recipe),
-        output.tags,
-        args.recorded(),
-    ) as tracker:
+    with (
+        boundary("compress-model"),  # what escapes the stages' own boundaries, outside them
+        track_flow_run(
+            tracking,
+            load_clearml_settings(tracking.clearml_block),
+            compress_run_name(model, recipe),
+            output.tags,
+            args.recorded(),
+        ) as tracker,
+    ):
         published = run_stages(args)
         # Emitted for new and reused outputs alike: compressflow/runtime/events.py says why.
         emit_published(published, model, output.auto_evaluate)
@@ -134,7 +137,7 @@ def run_stages(args: RunArgs) -> PublishedModel:
         verify_args.vllm == "required",
         "set verify.vllm to auto (check where possible) or off",
     )
-    stages = Stages()
+    stages = Stages(timeout_fields={calibrate.name: "calibration.timeout_minutes"})
     resolved = resolve_inputs(stages.run, args)
     target = resolved.target
     # One writer per output: a second run waits here, then reuses what the first published

@@ -49,6 +49,7 @@ from compressflow.reporting.model_card import CARD, add_evaluation, evaluation_s
 from compressflow.reporting.quality import breaches
 from compressflow.reporting.tracking import track_flow_run
 from compressflow.results import EvaluationReport
+from compressflow.runtime.stages import Stages, boundary
 from compressflow.store.manifest import Manifest, read_manifest
 from compressflow.tasks.build_held_out import build_held_out
 from compressflow.tasks.compare_models import compare_models
@@ -155,16 +156,23 @@ def evaluate(
         "lm_eval": lm_eval.model_dump(),
         "engine": {"engine": engine},
     }
-    with track_flow_run(
-        tracking,
-        load_clearml_settings(tracking.clearml_block),
-        f"evaluate {compressed_path.name}",
-        ["evaluation", scheme or "custom"],
-        inputs,
-    ) as tracker:
-        fetched = fetch_model(base)
-        text = build_held_out(
-            held_out.dataset_args(), fetched, manifest.calibration_args() if manifest else None
+    stages = Stages()
+    with (
+        boundary("evaluate-model"),  # what escapes the stages' own boundaries, outside them
+        track_flow_run(
+            tracking,
+            load_clearml_settings(tracking.clearml_block),
+            f"evaluate {compressed_path.name}",
+            ["evaluation", scheme or "custom"],
+            inputs,
+        ) as tracker,
+    ):
+        fetched = stages.run(fetch_model, base)
+        text = stages.run(
+            build_held_out,
+            held_out.dataset_args(),
+            fetched,
+            manifest.calibration_args() if manifest else None,
         )
         if compressed_by:
             link_runs(compressed_by, evaluation_key(base, manifest))
@@ -175,9 +183,11 @@ def evaluate(
             [checkpoint_asset(compressed_path, scheme or "custom")],
             by="compressflow",
         )
-        metrics = compare(fetched, str(compressed_path), text, engine)
+        metrics = stages.run(compare, fetched, str(compressed_path), text, engine)
         scores = {
-            name: run_lm_eval(path, lm_eval.tasks, lm_eval.limit or None, base.trust_remote_code)
+            name: stages.run(
+                run_lm_eval, path, lm_eval.tasks, lm_eval.limit or None, base.trust_remote_code
+            )
             for name, path in (("base", fetched.path), ("compressed", str(compressed_path)))
             if lm_eval.tasks
         }

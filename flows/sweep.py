@@ -40,6 +40,7 @@ from compressflow.reporting.artifacts import artifact_key, metric_value
 from compressflow.reporting.lineage import compress_run_name, current_parameters
 from compressflow.reporting.tracking import track_flow_run
 from compressflow.results import Point, PointResult, SweepReport
+from compressflow.runtime.stages import Stages, boundary
 from compressflow.tasks.build_dataset import build_dataset
 from compressflow.tasks.fetch_model import fetch_model
 from compressflow.tasks.render_recipe import render_recipe
@@ -125,23 +126,31 @@ def sweep(
         "space": space.model_dump(),
         "objective": objective.model_dump(),
     }
-    with track_flow_run(
-        tracking,
-        load_clearml_settings(tracking.clearml_block),
-        f"sweep {model.model_id.rsplit('/', 1)[-1]}",
-        ["sweep"],
-        inputs,
-    ) as tracker:
+    stages = Stages()
+    with (
+        boundary("sweep-recipe"),  # what escapes the stages' own boundaries, outside them
+        track_flow_run(
+            tracking,
+            load_clearml_settings(tracking.clearml_block),
+            f"sweep {model.model_id.rsplit('/', 1)[-1]}",
+            ["sweep"],
+            inputs,
+        ) as tracker,
+    ):
         # Shared work, once: every point's compress run finds these in the cache.
-        rendered = render_recipe(
+        rendered = stages.run(
+            render_recipe,
             recipe.model_copy(
                 update={"recipe_args": {**recipe.recipe_args, **points[0].recipe_args}}
-            )
+            ),
         )
-        fetched = fetch_model(model)
+        fetched = stages.run(fetch_model, model)
         for samples in sorted({p.text_samples for p in points}):
-            build_dataset(
-                dataset.model_copy(update={"text_samples": samples}), fetched, rendered.needs_data
+            stages.run(
+                build_dataset,
+                dataset.model_copy(update={"text_samples": samples}),
+                fetched,
+                rendered.needs_data,
             )
 
         log.info(

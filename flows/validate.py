@@ -31,6 +31,7 @@ from compressflow.params import (
 )
 from compressflow.results import Check, ValidationReport
 from compressflow.runtime.isolation import warm_up
+from compressflow.runtime.stages import boundary
 from compressflow.store.manifest import find_published
 from compressflow.tasks.adapt_recipe import adapt_recipe
 from compressflow.tasks.build_dataset import build_dataset
@@ -70,8 +71,9 @@ class _TimedChecks:
 
     def run(self, stage, *args):
         started = time.perf_counter()
-        result = getattr(stage, "fn", stage)(*args)
         name, describe = DESCRIBE[stage]
+        with boundary(name):  # the flow's: what no check knows of is a defect, not raw words
+            result = getattr(stage, "fn", stage)(*args)
         seconds = round(time.perf_counter() - started, 3)
         self.checks.append(Check(name=name, seconds=seconds, detail=describe(result)))
         return result
@@ -103,8 +105,9 @@ def validate(
 
     warm_up(check_before_calibration)  # the checks' children then import nothing of their own
     timed = _TimedChecks()
-    inputs = resolve_inputs(timed.run, RunArgs(**dict(params)), weights=False)
-    check_before_calibration(timed.run, inputs)
+    with boundary("validate"):  # what escapes between the checks' own boundaries
+        inputs = resolve_inputs(timed.run, RunArgs(**dict(params)), weights=False)
+        check_before_calibration(timed.run, inputs)
     return ValidationReport(
         checks=timed.checks,
         output_path=str(inputs.target),

@@ -124,12 +124,12 @@ def test_a_timeout_stops_calibration_and_its_process(
     import os
     import time
 
-    from compressflow.errors import CompressflowError
+    from compressflow.errors import StageTimedOut
 
     pid_file = tmp_path / "pid"
     monkeypatch.setenv("HANG_PID_FILE", str(pid_file))
     started = time.monotonic()
-    with pytest.raises((TimeoutError, CompressflowError)):
+    with pytest.raises(StageTimedOut, match=r"^calibration\.timeout_minutes: the calibrate stage"):
         compress(
             model=ModelArgs(model_id=str(tiny_model)),
             dataset=DatasetArgs(
