@@ -175,9 +175,9 @@ def model_from_config(cls, config):
     return cls._from_config(config)
 
 
-def headers_state_dict(folder) -> dict:
-    """Every tensor of the safetensors files in `folder`, as an empty meta tensor of its shape
-    and dtype; read from the files' headers.
+def headers_state_dict(files) -> dict:
+    """Every tensor of the safetensors `files`, as an empty meta tensor of its shape and dtype;
+    read from the files' headers.
 
     Missing upstream: `transformers.modeling_utils.load_state_dict(map_location="meta")` is the
     only reader that maps safetensors dtypes the way transformers' loader does.
@@ -185,9 +185,51 @@ def headers_state_dict(folder) -> dict:
     from transformers.modeling_utils import load_state_dict
 
     state: dict = {}
-    for file in sorted(folder.glob("*.safetensors")):
+    for file in files:
         state.update(load_state_dict(str(file), map_location="meta"))
     return state
+
+
+@contextmanager
+def loading_reports() -> Iterator[list[dict]]:
+    """What each `from_pretrained` inside reported of its keys, one dict per load: the
+    `missing_keys`, `unexpected_keys` and `mismatched_keys` (name, shape in the files, shape in the
+    model) `output_loading_info=True` returns, and `conversion_errors`. Recorded when the report
+    is final (the keys transformers ties or ignores by design taken out), even when the load
+    raises on it.
+
+    Missing upstream: `output_loading_info=True` is the public way, but it changes what
+    `from_pretrained` returns, and a wrapper around it expects the model alone:
+    compressed-tensors' `load_offloaded_model` (the offloaded load, and a multi-GPU rank's)
+    converts what it gets back. `PreTrainedModel._finalize_model_loading` is where every load's
+    report passes, under any wrapper.
+    """
+    from transformers import PreTrainedModel
+
+    original = PreTrainedModel.__dict__["_finalize_model_loading"]
+    reports: list[dict] = []
+
+    def recorded(model, load_config, loading_info):
+        try:
+            return original.__func__(model, load_config, loading_info)
+        finally:
+            reports.append(
+                {
+                    "missing_keys": set(loading_info.missing_keys),
+                    "unexpected_keys": set(loading_info.unexpected_keys),
+                    "mismatched_keys": {
+                        (name, tuple(saved), tuple(expected))
+                        for name, saved, expected in loading_info.mismatched_keys
+                    },
+                    "conversion_errors": dict(loading_info.conversion_errors),
+                }
+            )
+
+    PreTrainedModel._finalize_model_loading = staticmethod(recorded)
+    try:
+        yield reports
+    finally:
+        PreTrainedModel._finalize_model_loading = original
 
 
 def no_split_modules(model) -> list[str]:

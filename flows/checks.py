@@ -22,6 +22,7 @@ from compressflow.model.hardware import (
     refuse_fp4_on_float32,
     refuse_unsupported,
 )
+from compressflow.model.loading import check_loads_completely
 from compressflow.recipes.target import check_searchable
 from compressflow.results import MemoryPlan
 from compressflow.runtime.gpus import refuse_fewer_samples, refuse_too_few
@@ -93,10 +94,18 @@ def check_output(inputs: Inputs) -> Path:
     return inputs.target
 
 
+def check_weights(inputs: Inputs) -> str:
+    """The source loads whole: every tensor its class needs is in the files transformers reads,
+    in its shape (matched on the meta device from the headers, no weight read), else refused
+    before anything is calibrated or verified against a half-random model."""
+    return in_child(check_loads_completely, inputs.model)
+
+
 def check_before_calibration(run: Runner, inputs: Inputs) -> MemoryPlan:
     gpus = inputs.args.calibration.gpus
     refuse_too_few(gpus)  # before the output's checks: the host is wrong, not them
     refuse_fewer_samples(gpus, inputs.dataset and inputs.dataset.num_samples)
+    run(check_weights, inputs)
     run(check_output, inputs)
     plan = run(plan_memory, inputs)
     if plan.path == "classic":  # the model-free path builds no model: nothing to trace

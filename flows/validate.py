@@ -18,7 +18,12 @@ from typing import Any, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, create_model
 
-from compressflow.flows.checks import check_before_calibration, check_output, resolve_inputs
+from compressflow.flows.checks import (
+    check_before_calibration,
+    check_output,
+    check_weights,
+    resolve_inputs,
+)
 from compressflow.flows.compress import compress
 from compressflow.inputs import RunArgs
 from compressflow.params import (
@@ -54,6 +59,7 @@ DESCRIBE = {
             f"{d.num_samples} samples, {d.token_stats['total']:.0f} tokens" if d else "not needed"
         ),
     ),
+    check_weights: ("weights", str),
     check_output: ("output", str),
     plan_memory: ("memory", lambda plan: plan.summary()),
     check_traceability: (

@@ -35,8 +35,16 @@ def score_in_vllm(base: FetchedModel, compressed_path: str, held_out: HeldOutTex
 def score_with_transformers(
     base: FetchedModel, compressed_path: str, held_out: HeldOutText
 ) -> QualityMetrics:
-    base_model = load_causal_lm(base.path, base.model_class, base.trust_remote_code)
-    compressed = load_causal_lm(compressed_path, base.model_class, base.trust_remote_code)
+    base_model = load_causal_lm(
+        base.path, base.model_class, base.trust_remote_code, "the base model", "base.model_id"
+    )
+    compressed = load_causal_lm(
+        compressed_path,
+        base.model_class,
+        base.trust_remote_code,
+        "the compressed model",
+        "compressed.model_id",
+    )
     return score(base_model, compressed, held_out.input_ids)
 
 

@@ -86,6 +86,21 @@ def tiny_model(test_root) -> Path:
 
 
 @pytest.fixture(scope="session")
+def sharded_tiny_model(tiny_model, test_root) -> Path:
+    """`tiny_model` as transformers saves it in two shards, with model.safetensors.index.json."""
+    import transformers
+
+    folder = test_root / "tiny-llama-sharded"
+    if not (folder / "model.safetensors.index.json").exists():
+        model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model)
+        model.save_pretrained(folder, max_shard_size="5MB")
+        for file in Path(tiny_model).iterdir():
+            if not file.name.startswith("model") and not (folder / file.name).exists():
+                shutil.copy(file, folder / file.name)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def yardstick(test_root):
     """The learned-weights yardstick (demo/yardstick.py): a small Llama trained for a few CPU
     minutes, with calibration and held-out text; built once per session."""

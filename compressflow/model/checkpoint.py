@@ -307,6 +307,13 @@ def loading_class(path: Path, args: ModelArgs) -> str:
 
 def shard_names(index: Path) -> set[str]:
     """The shard files model.safetensors.index.json lists in its `weight_map`."""
+    return set(weight_map_of(index).values())
+
+
+def weight_map_of(index: Path) -> dict[str, str]:
+    """model.safetensors.index.json's `weight_map`: tensor name -> shard file, each file a path
+    inside the index's folder (transformers joins it to the folder: `../x` or `/x` would read
+    another model's file)."""
     data = load_model_json(index)
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not all(
@@ -318,7 +325,165 @@ def shard_names(index: Path) -> set[str]:
             "shard file names",
             f"replace {index.name} with the model's original, or download the model again",
         )
-    return set(weight_map.values())
+    outside = sorted({shard for shard in weight_map.values() if not inside_folder(shard)})
+    if outside:
+        raise ModelFetchError(
+            "model.model_id",
+            f"{index} names {len(outside)} shard file(s) that are not files inside "
+            f"{index.parent}: {named(outside)}",
+            f"replace {index.name} with the model's original: its weight_map names the shard "
+            "files beside it (model-00001-of-00002.safetensors)",
+        )
+    return weight_map
+
+
+def inside_folder(name: str) -> bool:
+    """`name` is a relative path that stays inside the folder it is joined to."""
+    parts = name.split("/")
+    return (
+        bool(name)
+        and not name.startswith("/")
+        and "\\" not in name
+        and "\0" not in name
+        and ":" not in parts[0]  # a Windows drive: c:x
+        and all(part not in ("", ".", "..") for part in parts)
+    )
+
+
+def named(names, limit: int = 3) -> str:
+    """The first `limit` of `names` and how many more: "['a', 'b', 'c'] and 4 more"."""
+    names = list(names)
+    return f"{names[:limit]}{and_more(names, limit)}"
+
+
+def and_more(names: list, shown: int = 3) -> str:
+    """The end of a message that lists `shown` of `names`: " and N more", or nothing."""
+    return f" and {len(names) - shown} more" if len(names) > shown else ""
+
+
+def loaded_files(folder: Path) -> list[Path]:
+    """The safetensors files `from_pretrained` reads `folder`'s weights from: model.safetensors,
+    else every file the shard index names (all of each file's tensors, whatever the index says
+    of them), else none (no safetensors checkpoint transformers would find)."""
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return [single]
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return [folder / shard for shard in sorted(shard_names(index))]
+    return []
+
+
+# The weights files every loader looks for; config.json's `transformers_weights` may name another
+# for transformers alone.
+STANDARD_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+
+
+def check_index(path: Path) -> None:
+    """Refuse a sharded checkpoint whose index and shards disagree about where a tensor lives.
+
+    transformers loads every tensor of each file the index names and no other: a tensor the index
+    places in a file that lacks it is loaded from nowhere when no file it reads holds it (fresh
+    random values, and only a warning), and vLLM and model-free quantization read the files by
+    other rules. The index must say exactly what the shards hold: each tensor in the shard it
+    names, each shard's tensors listed under that shard, no tensor in two shards. Nor may
+    config.json name another weights file for transformers alone (`transformers_weights`).
+    """
+    config = path / "config.json"
+    settings = load_model_json(config) if config.is_file() else {}
+    named_file = settings.get("transformers_weights") if isinstance(settings, dict) else None
+    if named_file is not None and named_file not in STANDARD_WEIGHTS:
+        raise ModelFetchError(
+            "model.model_id",
+            f"{config} names its weights file (transformers_weights: {named_file!r:.200}): "
+            "transformers would load that, while vLLM and model-free quantization read "
+            f"{' or '.join(STANDARD_WEIGHTS)}",
+            "delete transformers_weights from config.json and keep the weights as "
+            "model.safetensors (or shards and model.safetensors.index.json)",
+        )
+    index = path / "model.safetensors.index.json"
+    files = sorted(file.name for file in path.glob("*.safetensors"))
+    if files and "model.safetensors" not in files and not index.exists():
+        raise ModelFetchError(
+            "model.model_id",
+            f"{path} holds {named(files)} but neither model.safetensors nor {index.name}: "
+            "transformers finds no weights in it",
+            "name a single-file checkpoint model.safetensors, or add the shard index its "
+            "conversion wrote (model.safetensors.index.json)",
+        )
+    if not index.exists():
+        return
+    weight_map = weight_map_of(index)
+    fix = (
+        "the index and the shards come from different downloads or were edited: download the "
+        "model again (delete the folder, or its hub cache folder under HF_HOME, first), or "
+        "rebuild the index's weight_map from the shards' own tensor names"
+    )
+    shards = sorted(set(weight_map.values()))
+    if (path / "model.safetensors").exists() and shards != ["model.safetensors"]:
+        raise ModelFetchError(
+            "model.model_id",
+            f"{path} holds two checkpoints: model.safetensors and the {len(shards)} shard(s) "
+            f"{index.name} lists ({named(shards)}); transformers loads model.safetensors alone, "
+            "model-free quantization and vLLM read the shards too",
+            "keep one of them: delete model.safetensors, or the shards and their index, as the "
+            "model's repository has it",
+        )
+    held: dict[str, list[str]] = {}  # tensor -> the shards that hold it
+    for shard in shards:
+        try:
+            _, tensors = read_header(path / shard)
+        except HeaderError as exc:
+            raise ModelFetchError(
+                "model.model_id", f"{path / shard} is not a readable safetensors file: {exc}", fix
+            ) from None
+        for name in tensors:
+            if name != "__metadata__":
+                held.setdefault(name, []).append(shard)
+    misplaced = [name for name, shard in weight_map.items() if shard not in held.get(name, ())]
+    if misplaced:
+        others = {}  # files beside the shards the index does not list: only to say where
+        for file in sorted(path.glob("*.safetensors")):
+            if file.name not in shards:
+                try:
+                    others.update(dict.fromkeys(read_header(file)[1], file.name))
+                except HeaderError:
+                    continue
+
+        def found(name: str) -> str:
+            if name in held:
+                return f"it is in {held[name][0]}"
+            if name in others:
+                return f"it is in {others[name]}, which the index does not list"
+            return "no file holds it"
+
+        where = [f"{name} in {weight_map[name]} ({found(name)})" for name in misplaced[:3]]
+        raise ModelFetchError(
+            "model.model_id",
+            f"{index} places {len(misplaced)} tensor(s) in shards that do not hold them: "
+            f"{'; '.join(where)}{and_more(misplaced)}; a loader that follows the index misses "
+            "them, and transformers, which reads only the files the index lists, fills one it "
+            "finds in none of them with random values",
+            fix,
+        )
+    twice = [name for name, holders in held.items() if len(holders) > 1]
+    if twice:
+        where = [f"{name} in {held[name]}" for name in twice[:3]]
+        raise ModelFetchError(
+            "model.model_id",
+            f"{len(twice)} tensor(s) are in more than one shard of {path}: {'; '.join(where)}"
+            f"{and_more(twice)}; which copy loads depends on the loader",
+            fix,
+        )
+    unlisted = [name for name in held if name not in weight_map]
+    if unlisted:
+        where = [f"{name} (in {held[name][0]})" for name in unlisted[:3]]
+        raise ModelFetchError(
+            "model.model_id",
+            f"{index} does not list {len(unlisted)} tensor(s) its shards hold: "
+            f"{'; '.join(where)}{and_more(unlisted)}",
+            fix,
+        )
 
 
 def check_weight_files(path: Path) -> set[str]:
@@ -334,7 +499,7 @@ def check_weight_files(path: Path) -> set[str]:
     )
     index = path / "model.safetensors.index.json"
     if index.exists():
-        missing = sorted(shard_names(index) - {file.name for file in path.glob("*.safetensors")})
+        missing = sorted(name for name in shard_names(index) if not (path / name).is_file())
         if missing:
             raise ModelFetchError(
                 "model.model_id", f"{path} lacks shards its index lists: {missing[:3]}", fix
@@ -360,6 +525,7 @@ def check_weight_files(path: Path) -> set[str]:
                 fix,
             )
         names.update(name for name in tensors if name != "__metadata__")
+    check_index(path)
     return names
 
 

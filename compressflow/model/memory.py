@@ -34,6 +34,7 @@ import yaml
 from compressflow import compat
 from compressflow.errors import InputError, ResourceError
 from compressflow.model.checkpoint import tensor_index
+from compressflow.model.loading import load_complete
 from compressflow.params import CalibrationArgs
 from compressflow.results import BuiltDataset, FetchedModel, MemoryPlan, RenderedRecipe, gib
 
@@ -465,8 +466,10 @@ def load_offloaded(model: FetchedModel, plan: MemoryPlan):
     model_cls = getattr(transformers, model.model_class)
     Path(plan.offload_folder).mkdir(parents=True, exist_ok=True)
     with load_offloaded_model(model_cls):
-        return model_cls.from_pretrained(
+        return load_complete(
+            model_cls,
             model.path,
+            "the source model",
             dtype="auto",
             trust_remote_code=model.trust_remote_code,
             device_map="auto_offload",

@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from compressflow.errors import first_line
+from compressflow.errors import InputError, first_line
 from compressflow.logs import run_logger
-from compressflow.model.checkpoint import tensor_index
+from compressflow.model.checkpoint import loaded_files, tensor_index
+from compressflow.model.loading import check_loads_completely
 from compressflow.results import FetchedModel
 
 # safetensors' dtype names, for the dtype the model is built in (its buffers, its masks)
@@ -25,9 +26,12 @@ DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 def streamed_model(model: FetchedModel, folder: Path):
     """`built_streamed`, or None with a warning when building it failed (remote code that cannot
     build on the meta device, a config transformers reads only while loading): streaming only
-    saves reads, and the caller then loads the model as it always could."""
+    saves reads, and the caller then loads the model as it always could. A checkpoint that lacks
+    a tensor the model needs is refused as loading it would be (`check_loads_completely`)."""
     try:
         return built_streamed(model, folder)
+    except InputError:  # the checkpoint lacks what the model needs: loading it would refuse too
+        raise
     except Exception as exc:  # noqa: BLE001 - any failure: the caller loads the model instead
         run_logger(__name__).warning(
             "Cannot stream %s's weights (%s); loading it instead",
@@ -45,14 +49,16 @@ def built_streamed(model: FetchedModel, folder: Path):
     a quantized checkpoint (its quantizer builds other modules). Load it with transformers then.
 
     A model whose code reads another module's weights outside that module's call computes on
-    meta tensors and fails; callers fall back to loading it with transformers.
+    meta tensors and fails; callers fall back to loading it with transformers. Persistent buffers
+    (DeepSeek-V3's router bias) are read from the checkpoint once, as loading does.
     """
     import torch
     import transformers
     from accelerate import init_empty_weights
     from safetensors import safe_open
 
-    index = tensor_index(folder)
+    files = set(loaded_files(folder))  # what loading reads: a file beside them is not the model's
+    index = {name: info for name, info in tensor_index(folder).items() if info.file in files}
     floats = {DTYPES[info.dtype] for info in index.values() if info.dtype in DTYPES}
     if len(floats) != 1:  # mixed: transformers casts them to one dtype while loading
         return None
@@ -74,6 +80,7 @@ def built_streamed(model: FetchedModel, folder: Path):
     finally:
         torch.set_default_dtype(default)
     built.tie_weights()  # from_pretrained ties them; construction alone does not for every model
+    check_loads_completely(model, folder)  # a tensor it needs and the files lack: refused
     aliases = defaultdict(list)  # tied parameters are one object under several names
     for name, parameter in built.named_parameters(remove_duplicate=False):
         aliases[id(parameter)].append(name)
@@ -88,6 +95,14 @@ def built_streamed(model: FetchedModel, folder: Path):
             own[attribute] = (key, parameter)
         if own:
             owners.append((module, own))
+    parameters = {name for name, _ in built.named_parameters(remove_duplicate=False)}
+    for name, buffer in built.state_dict().items():
+        if name in parameters:
+            continue
+        if name not in index or tuple(index[name].shape) != tuple(buffer.shape):
+            return None  # renamed or reshaped on load
+        with safe_open(str(index[name].file), framework="pt") as handle:
+            buffer.copy_(handle.get_tensor(name))
     # A tensor two modules use (tied embeddings and head) is kept after its first read.
     shared = {
         k for k, n in Counter(k for _, own in owners for k, _ in own.values()).items() if n > 1

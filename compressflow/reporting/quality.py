@@ -20,17 +20,28 @@ from pathlib import Path
 from compressflow.compat import patch_reloads
 from compressflow.errors import first_line
 from compressflow.logs import run_logger
+from compressflow.model.loading import load_complete
 from compressflow.results import FetchedModel, HeldOutText, QualityMetrics
 
 
-def load_causal_lm(path: str, model_class: str, trust_remote_code: bool):
-    """A model for inference: spread over the visible GPUs when there are any, else CPU."""
+def load_causal_lm(
+    path: str,
+    model_class: str,
+    trust_remote_code: bool,
+    what: str = "the model",
+    field: str = "model.model_id",
+):
+    """A model for inference: spread over the visible GPUs when there are any, else CPU; refused
+    when it loads incompletely (`what` and `field` name it in the error)."""
     import torch
     import transformers
 
     patch_reloads()  # compressed checkpoints the pinned transformers cannot otherwise reload
-    model = getattr(transformers, model_class).from_pretrained(
+    model = load_complete(
+        getattr(transformers, model_class),
         path,
+        what,
+        field=field,
         dtype="auto",
         device_map="auto" if torch.cuda.is_available() else None,
         trust_remote_code=trust_remote_code,
@@ -241,7 +252,14 @@ def perplexity(model, input_ids: list[list[int]]) -> float:
 
 
 def perplexity_of(path: str, model: FetchedModel, held_out: HeldOutText) -> float:
-    loaded = load_causal_lm(path, model.model_class, model.trust_remote_code)
+    source = path == model.path
+    loaded = load_causal_lm(
+        path,
+        model.model_class,
+        model.trust_remote_code,
+        "the source model" if source else "a compressed candidate",
+        "model.model_id" if source else "recipe",
+    )
     try:
         return perplexity(loaded, held_out.input_ids)
     finally:

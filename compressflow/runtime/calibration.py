@@ -36,6 +36,7 @@ from compressflow.data.vision import collate_one
 from compressflow.errors import CalibrationError, first_line
 from compressflow.inputs import Inputs
 from compressflow.logs import run_logger
+from compressflow.model.loading import load_complete
 from compressflow.model.memory import load_offloaded
 from compressflow.params import VerifyArgs
 from compressflow.registries.architectures import ARCHITECTURES
@@ -159,10 +160,14 @@ def load_for_calibration(model: FetchedModel, plan: MemoryPlan):
     """
     import transformers
 
-    model_cls = getattr(transformers, model.model_class)
-    options = dict(dtype="auto", trust_remote_code=model.trust_remote_code)
     if plan.placement not in ("disk", "shards"):
-        loaded = model_cls.from_pretrained(model.path, **options)
+        loaded = load_complete(
+            getattr(transformers, model.model_class),
+            model.path,
+            "the source model",
+            dtype="auto",
+            trust_remote_code=model.trust_remote_code,
+        )
         # Every weight is in memory: a broken source is refused before calibration, whichever
         # tensor it is (the reference logits miss unused embedding rows and unrouted experts).
         if name := first_non_finite(loaded.named_parameters()):

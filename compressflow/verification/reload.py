@@ -1,5 +1,6 @@
 """Check 3, reload: transformers loads the checkpoint with no missing, unexpected or mismatched
-keys (a missing key is silently initialised at random)."""
+keys (a missing key is silently initialised at random), through the model group's one loader
+(`compressflow/model/loading.py`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from pathlib import Path
 
 from compressflow import compat
 from compressflow.compat import patch_reloads
-from compressflow.model.tracing import meta_model
+from compressflow.errors import InputError
+from compressflow.model.loading import headers_load, incomplete, load_complete
 from compressflow.results import FetchedModel, MemoryPlan, VerificationCheck
 from compressflow.verification import Check
 
@@ -32,55 +34,36 @@ def reload(staging: Path, model: FetchedModel, plan: MemoryPlan, weights: bool =
         )
     try:
         if weights:
-            loaded, info = getattr(transformers, model.model_class).from_pretrained(
+            loaded = load_complete(
+                getattr(transformers, model.model_class),
                 staging,
+                "the compressed model",
+                field=CHECK.field,
+                unexpected=False,  # a tensor we saved that nothing loads: a wrong save
                 dtype="auto",
                 trust_remote_code=model.trust_remote_code,
-                output_loading_info=True,
                 **offload,
             )
             if offload:  # accelerate's hooks -> compressed-tensors' offloading, as calibrate
                 compat.offloaded_from_accelerate(loaded)
                 compat.onload_weights_once(loaded)
         else:
-            loaded, info = reload_keys(staging, model)
+            loaded, report = headers_load(staging, model.model_class, model.trust_remote_code)
+            if problem := incomplete(report, staging, unexpected=False):
+                raise InputError(CHECK.field, problem, CHECK.fix)
+    except InputError as exc:  # the keys it reported
+        detail = exc.problem + ("" if weights else " (checked from the headers)")
+        return None, VerificationCheck(name=CHECK.name, passed=False, detail=detail)
     except Exception as exc:  # whatever transformers raises, the checkpoint does not reload
         detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return None, VerificationCheck(name=CHECK.name, passed=False, detail=detail)
-    problems = [
-        f"{kind.replace('_', ' ')}: {sorted(map(str, keys))[:3]}"
-        for kind in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")
-        if (keys := info.get(kind))
-    ]
     check = VerificationCheck(
         name=CHECK.name,
-        passed=not problems,
-        detail=("; ".join(problems) or f"{type(loaded).__name__}, no missing or unexpected keys")
+        passed=True,
+        detail=f"{type(loaded).__name__}, no missing or unexpected keys"
         + ("" if weights else " (checked from the headers)"),
     )
     return loaded.eval(), check
-
-
-def reload_keys(staging: Path, model: FetchedModel):
-    """`from_pretrained` of the checkpoint's tensors as empty meta tensors: (meta model, info).
-
-    transformers takes a state dict only without a folder, so the class is the concrete one the
-    config names (an Auto class resolves it from a folder).
-    """
-    import transformers
-
-    config = transformers.AutoConfig.from_pretrained(
-        staging, trust_remote_code=model.trust_remote_code
-    )
-    cls = type(meta_model(config, model.model_class, model.trust_remote_code))
-    return cls.from_pretrained(
-        None,
-        config=config,
-        state_dict=compat.headers_state_dict(staging),
-        dtype="auto",
-        output_loading_info=True,
-        device_map="meta",
-    )
 
 
 CHECK = Check(

@@ -76,22 +76,38 @@ def edited_copy(tiny_model: Path, folder: Path, edit) -> Path:
 @pytest.mark.parametrize(
     "edit",
     [
-        # transformers renames some checkpoints' tensors on load
-        lambda t: t.update({"renamed.norm.weight": t.pop("model.norm.weight")}),
-        # a tensor transformers reshapes or fuses on load
-        lambda t: t.update({"model.norm.weight": t["model.norm.weight"][:-1]}),
         # several float dtypes: transformers casts them to one while loading
         lambda t: t.update({"model.norm.weight": t["model.norm.weight"].half()}),
         # not a float: a quantized tensor under a float parameter's name
         lambda t: t.update({"model.norm.weight": t["model.norm.weight"].to(torch.int8)}),
     ],
-    ids=["renamed", "reshaped", "mixed-dtypes", "not-a-float"],
+    ids=["mixed-dtypes", "not-a-float"],
 )
 def test_a_checkpoint_transformers_converts_on_load_does_not_stream(tiny_model, tmp_path, edit):
     """Streaming reads tensors as the checkpoint holds them: one that transformers would
-    convert while loading gives None, and the caller loads the model with transformers."""
+    convert while loading gives None, and the caller loads the model with transformers (the
+    renames and fused experts it converts: CANNOT_STREAM)."""
     folder = edited_copy(tiny_model, tmp_path / "edited", edit)
     assert streamed_model(fetched(folder, "llama"), folder) is None
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda t: t.update({"renamed.norm.weight": t.pop("model.norm.weight")}),
+        lambda t: t.update({"model.norm.weight": t["model.norm.weight"][:-1]}),
+    ],
+    ids=["renamed", "reshaped"],
+)
+def test_a_checkpoint_transformers_would_load_incompletely_is_refused(tiny_model, tmp_path, edit):
+    """A tensor the model needs that the files lack, under its name and shape, and that no
+    conversion of transformers' supplies: refused as loading it would be (the complete-load
+    contract, tests/unit/test_complete_load.py), not streamed around nor left to the load."""
+    from compressflow.errors import InputError
+
+    folder = edited_copy(tiny_model, tmp_path / "edited", edit)
+    with pytest.raises(InputError, match="model.norm.weight"):
+        streamed_model(fetched(folder, "llama"), folder)
 
 
 def test_a_quantized_checkpoint_does_not_stream(tiny_model, tmp_path):

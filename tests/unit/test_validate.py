@@ -53,12 +53,14 @@ def test_valid_parameters_pass_without_any_weights(models, tmp_path):
         "model",
         "architecture",
         "dataset",
+        "weights",
         "output",
         "memory",
         "traceability",
     ]
-    assert report.checks[5].detail.startswith("classic path, weights on cpu, computed on cpu")
-    assert "3 subgraphs" in report.checks[6].detail
+    assert report.checks[4].detail == "not checked: the folder holds no safetensors weights"
+    assert report.checks[6].detail.startswith("classic path, weights on cpu, computed on cpu")
+    assert "3 subgraphs" in report.checks[7].detail
     assert not (tmp_path / "out").exists()
 
 
