@@ -1,10 +1,11 @@
 """The checks compress-model makes before calibrating, shared with `compressflow validate`.
 
-Both run the same two steps, so they cannot drift: `resolve_inputs` (render the recipe and refuse
-what this worker's hardware cannot run, or a quality target the recipe cannot search; fetch the
-model, refuse an output or offload folder that overlaps the source model's, build the dataset: the
-cheap stages, in the order that fails fastest) and `check_before_calibration` (the output folder,
-disk space, the memory plan, traceability on the meta device).
+Both run the same two steps, so they cannot drift: `resolve_inputs` (first `precheck`, whatever
+the files decide without torch, in this process; then render the recipe and refuse what this
+worker's hardware cannot run, or a quality target the recipe cannot search; fetch the model,
+refuse an output or offload folder that overlaps the source model's, build the dataset: the cheap
+stages, in the order that fails fastest) and `check_before_calibration` (the output folder, disk
+space, the memory plan, traceability on the meta device).
 The flow runs them as Prefect tasks through `compressflow.runtime.stages.Stages` (cached, recorded) and
 puts its output lock and reuse check between the two; validate calls the stages' functions
 directly, without weights, and times each check.
@@ -16,17 +17,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from compressflow.data.text_sources import check_local, local_source
 from compressflow.inputs import Inputs, RunArgs
+from compressflow.model.checkpoint import check_folder, local_folder
 from compressflow.model.hardware import (
     needs_accelerator,
     refuse_fp4_on_float32,
     refuse_unsupported,
 )
 from compressflow.model.loading import check_loads_completely
+from compressflow.recipes.render import fill
 from compressflow.recipes.target import check_searchable
+from compressflow.registries.presets import PRESETS
 from compressflow.results import MemoryPlan
 from compressflow.runtime.gpus import refuse_fewer_samples, refuse_too_few
-from compressflow.runtime.isolation import in_child
+from compressflow.runtime.isolation import in_child, warm_up
 from compressflow.store.disk_space import check_free_space
 from compressflow.store.identity import run_key
 from compressflow.store.manifest import (
@@ -46,10 +51,47 @@ from compressflow.tasks.render_recipe import render_recipe
 Runner = Callable[..., Any]
 
 
+def precheck(args: RunArgs) -> None:
+    """Refuse what the files alone decide, in this process, before the forkserver is needed.
+
+    The stages after this wait for the forkserver's imports of torch, transformers and
+    llm-compressor (6 s warm, much more on a busy machine); these checks import none of them, so
+    a mistake is refused in about the time the process takes to start. In the order
+    resolve_inputs would meet them: the recipe's parts against one another (its YAML, the preset,
+    placeholders and recipe_args; llm-compressor's own validation stays in render_recipe); a local
+    model folder, whole (compressflow.model.checkpoint.check_folder; a hub or ClearML model is
+    checked once downloaded); the output folder against the source and the filesystem, when
+    save_directory names it; a local data file a preset calibrates on (a custom recipe's need
+    for data is llm-compressor's to say, after render).
+    """
+    model, output, calibration = args.model, args.output, args.calibration
+    _, _, preset, values = fill(args.recipe)
+    local = local_folder(model)
+    target = Path(output.save_directory).expanduser() if output.save_directory else None
+    if target is not None and local is not None:
+        # Before the folder's checks: they read it, and a publish could replace it.
+        check_apart(target, local, calibration.offload_folder)
+    if local is not None:
+        check_folder(local, model)
+    if target is not None:
+        check_output_path(target.resolve())
+    dataset = args.dataset
+    needs_data = preset is not None and (
+        PRESETS[preset].needs_data or bool(values.get("kv_cache_scheme"))
+    )
+    if needs_data and (dataset.text_samples or dataset.vision_samples):
+        if (data := local_source(dataset)) is not None:
+            check_local(data)
+
+
 def resolve_inputs(run: Runner, args: RunArgs, weights: bool = True) -> Inputs:
     """What the cheap stages make of `args`, in the order that fails fastest."""
     model, dataset, recipe, output = args.model, args.dataset, args.recipe, args.output
     calibration = args.calibration
+    precheck(args)
+    # Only now: the checks above are not kept waiting while it imports. A flow started it at
+    # its start already (its imports overlap opening the ClearML task); then this is a no-op.
+    warm_up(check_before_calibration)
     rendered = run(render_recipe, recipe)
     # Not a stage: a check of this worker's hardware (torch's view of it), never cached. Asked of
     # torch only for a recipe that needs an accelerator: the child waits for the forkserver's
@@ -58,10 +100,6 @@ def resolve_inputs(run: Runner, args: RunArgs, weights: bool = True) -> Inputs:
         in_child(refuse_unsupported, rendered)
     # A target needs the per-module error only GPTQ reports: refused before anything downloads.
     check_searchable(rendered, args.target)
-    local = Path(model.model_id).expanduser()
-    if output.save_directory and not model.clearml_model and local.exists():
-        # A local source is known before fetch_model hashes it (minutes for a large model).
-        check_apart(Path(output.save_directory), local, calibration.offload_folder)
     fetched = run(fetch_model, model, weights)
     refuse_fp4_on_float32(rendered, fetched)
     rendered = run(adapt_recipe, rendered, fetched)

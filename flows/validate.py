@@ -1,11 +1,13 @@
 """validate: every check compress-model makes before calibrating, in seconds, with no weights.
 
 Run it on a deployment's parameters before scheduling it. It runs the flow's own check sequence
-(`flows/checks.py`): renders the recipe, resolves the model (config and tokenizer only: hub
-weights are not downloaded), builds the calibration dataset, checks the output folder and traces
-the model on the meta device, and plans calibration's memory on this machine. The parameters'
-shape is checked first, every group's problems at once; after that the first problem raises the
-same error the flow would, naming the field and the fix.
+(`flows/checks.py`): first what the files decide with no library imported, in this process
+(`precheck`: a refusal in about 2 s, before the forkserver starts), then renders the recipe,
+resolves the model (config and tokenizer only: hub weights are not downloaded), builds the
+calibration dataset, checks the output folder and traces the model on the meta device, and plans
+calibration's memory on this machine. The parameters' shape is checked first, every group's
+problems at once; after that the first problem raises the same error the flow would, naming the
+field and the fix.
 
 From the shell: `compressflow validate params.yaml` or `compressflow validate --deployment NAME`.
 """
@@ -35,7 +37,6 @@ from compressflow.params import (
     TargetArgs,
 )
 from compressflow.results import Check, ValidationReport
-from compressflow.runtime.isolation import warm_up
 from compressflow.runtime.stages import boundary
 from compressflow.store.manifest import find_published
 from compressflow.tasks.adapt_recipe import adapt_recipe
@@ -109,7 +110,6 @@ def validate(
         {name: value for name, value in given.items() if value is not None}
     )
 
-    warm_up(check_before_calibration)  # the checks' children then import nothing of their own
     timed = _TimedChecks()
     with boundary("validate"):  # what escapes between the checks' own boundaries
         inputs = resolve_inputs(timed.run, RunArgs(**dict(params)), weights=False)

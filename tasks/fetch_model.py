@@ -11,7 +11,6 @@ The folder's checks, run before weights load, live in `compressflow/model/checkp
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from prefect import task
@@ -19,12 +18,9 @@ from prefect import task
 from compressflow.errors import ModelFetchError
 from compressflow.logs import run_logger
 from compressflow.model.checkpoint import (
-    check_config,
-    check_files,
-    check_sizes,
-    check_tokenizer,
-    check_weight_files,
+    check_folder,
     loading_class,
+    local_folder,
     parameter_count,
 )
 from compressflow.model.download import fetch_from_clearml, fetch_from_hub
@@ -86,22 +82,15 @@ def fetch(args: ModelArgs, weights: bool = True) -> FetchedModel:
     revision_resolved = None
     if args.clearml_model:
         source, path = "clearml", from_clearml(args)
-    elif Path(args.model_id).expanduser().exists():
-        source, path = "local", Path(args.model_id).expanduser().resolve()
-    elif args.model_id.startswith((".", "/", "~")) or os.sep * 2 in args.model_id:
-        raise ModelFetchError(
-            "model.model_id",
-            f"local folder {args.model_id} does not exist",
-            "fix the path (relative paths are resolved from the worker's working directory)",
-        )
+    elif (local := local_folder(args)) is not None:  # refuses a path that does not exist
+        source, path = "local", local
     else:
         source = "hub"
         # A missing token block fails here, before any download.
         path, revision_resolved = fetch_from_hub(args, hub_token(args.hub_token_block), weights)
-    config = check_config(path, args)
-    check_files(path)
-    check_tokenizer(path)
-    check_sizes(path, config, check_weight_files(path))
+    # Every source: a local folder has passed them once already, before any child started
+    # (flows/checks.py `precheck`); a download is first checked here, once it is on disk.
+    check_folder(path, args)
     if source == "hub":
         identity = f"hub:{args.model_id}@{revision_resolved}"
     elif source == "clearml":

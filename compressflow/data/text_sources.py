@@ -116,9 +116,23 @@ def load_source(args: DatasetArgs):
         dataset = load_hub(entry["hub_id"], config, split, entry.get("data_files"), shortcut)
         return dataset, f"shortcut:{shortcut} ({entry['hub_id']}, split {split})", entry
 
+    if (path := local_source(args)) is not None:
+        return load_local(path, args.split or "train"), f"file:{path.resolve()}", None
+    split = args.split or "train"
+    dataset = load_hub(name, args.dataset_config_name, split)
+    config = f", config {args.dataset_config_name}" if args.dataset_config_name else ""
+    return dataset, f"hub:{name} (split {split}{config})", None
+
+
+def local_source(args: DatasetArgs) -> Path | None:
+    """The local file or folder `dataset_name` names; None for a loader, a shortcut or a hub id.
+    A name that looks like a path but does not exist is refused, not sent to the hub."""
+    name = args.dataset_name
+    if args.dataset_loader or lookup(name) is not None:
+        return None
     path = Path(name).expanduser()
     if path.exists():
-        return load_local(path, args.split or "train"), f"file:{path.resolve()}", None
+        return path
     if looks_like_path(name):
         raise DatasetError(
             "dataset.dataset_name",
@@ -126,10 +140,7 @@ def load_source(args: DatasetArgs):
             "fix the path (relative paths start from the worker's working directory), "
             f"or use a shortcut: {', '.join(SHORTCUTS)}",
         )
-    split = args.split or "train"
-    dataset = load_hub(name, args.dataset_config_name, split)
-    config = f", config {args.dataset_config_name}" if args.dataset_config_name else ""
-    return dataset, f"hub:{name} (split {split}{config})", None
+    return None
 
 
 def looks_like_path(name: str) -> bool:
@@ -145,11 +156,18 @@ def looks_like_path(name: str) -> bool:
     )
 
 
+def _blank(path: Path) -> bool:
+    """Whether the file holds only whitespace, read a MiB at a time: not held whole."""
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            if chunk.strip():
+                return False
+    return True
+
+
 def check_text_file(path: Path) -> None:
     """Refuse an empty file, or a text format that is not UTF-8 text, before `datasets` reads it."""
-    if path.stat().st_size == 0 or (
-        path.suffix.lower() != ".parquet" and not path.read_bytes().strip()
-    ):
+    if path.stat().st_size == 0 or (path.suffix.lower() != ".parquet" and _blank(path)):
         raise DatasetError(
             "dataset.dataset_name",
             f"'{path}' is empty",
@@ -170,12 +188,12 @@ def check_text_file(path: Path) -> None:
                 ) from exc
 
 
-def load_local(path: Path, split: str):
-    """A local file or folder of data files as a Dataset; every reader failure a DatasetError."""
-    import datasets
-
+def check_local(path: Path) -> None:
+    """Refuse, before any reader imports, a local data path no reader can use: not a file or
+    folder, a suffix compressflow cannot read, more data than the cap, an empty file, or a text
+    format that is not UTF-8 text. No library is needed: the flow checks this in its own process
+    before any child starts (flows/checks.py `precheck`), and load_local again."""
     suffix = path.suffix.lower()
-    builder = FILE_BUILDERS.get(suffix)
     if not path.is_file() and not path.is_dir():  # before any open: a FIFO's open blocks
         raise DatasetError(
             "dataset.dataset_name",
@@ -183,15 +201,36 @@ def load_local(path: Path, split: str):
             f"name a {'/'.join(sorted(FILE_SUFFIXES))} file or a folder of them; copy what a pipe "
             "or device gives into a file first",
         )
-    if path.is_file() and builder is None and suffix != ".txt":
+    if path.is_file() and suffix not in FILE_SUFFIXES:
         raise DatasetError(
             "dataset.dataset_name",
             f"'{path}' has the suffix '{path.suffix}', which compressflow cannot read",
             f"convert it to one of {', '.join(sorted(FILE_SUFFIXES))}",
         )
+    try:
+        if path.is_file():
+            path.open("rb").close()
+        else:
+            next(path.iterdir(), None)
+    except OSError as exc:
+        raise DatasetError(
+            "dataset.dataset_name",
+            f"'{path}' cannot be read by this worker ({exc.strerror})",
+            "make it readable by the user the worker runs as (chmod a+r), or copy it to a "
+            "folder that user owns",
+        ) from None
     check_size(path)
     if path.is_file():
         check_text_file(path)
+
+
+def load_local(path: Path, split: str):
+    """A local file or folder of data files as a Dataset; every reader failure a DatasetError."""
+    import datasets
+
+    check_local(path)
+    suffix = path.suffix.lower()
+    builder = FILE_BUILDERS.get(suffix)
     fix = FOLDER_FIX if path.is_dir() else UNREADABLE_FIXES[suffix]
     try:
         if path.is_dir():

@@ -8,13 +8,19 @@ shard.
 Cheap checks that would otherwise fail after minutes of loading run here, before weights load:
 a config.json that is missing or not a JSON object, or whose sizes no model has, a model that
 needs `trust_remote_code` or is already quantized, a folder without a tokenizer, truncated or
-malformed safetensors, and a FIFO, device or folder where a model file should be.
+malformed safetensors, a FIFO, device or folder where a model file should be, or one this worker
+cannot read, a JSON file that does not parse, a chat template jinja2 cannot parse, a tokenizer
+or processor that would import the repository's own code, and weights held only as pickle files
+(torch.load can execute what they carry). `check_folder` runs every one of them that needs no
+library (torch and transformers stay unimported), in the flow's own process: on a local folder
+before any child starts, on a download after it.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from fnmatch import fnmatch
@@ -22,7 +28,7 @@ from pathlib import Path
 
 from compressflow import compat
 from compressflow.errors import ModelFetchError, first_line
-from compressflow.limits import CONFIG_CEILINGS, not_regular, read_json
+from compressflow.limits import CONFIG_CEILINGS, MAX_JSON_BYTES, not_regular, read_json, read_text
 from compressflow.logs import run_logger
 from compressflow.model.download import HUB_CONFIG_PATTERNS
 from compressflow.params import DEFAULT_MODEL_CLASS, ModelArgs
@@ -125,16 +131,26 @@ MODEL_FILES = [*HUB_CONFIG_PATTERNS, "*.safetensors"]
 
 def check_files(path: Path) -> None:
     """Refuse a FIFO, device, folder or broken link named as a file the loaders read: opening
-    it would block forever, never end, or fail as an OSError the task retries."""
+    it would block forever, never end, or fail as an OSError the task retries. And one this
+    process may not read: the loaders would fail on it after the forkserver's imports."""
     for file in sorted(path.iterdir()):
-        if any(fnmatch(file.name, pattern) for pattern in MODEL_FILES) and (
-            kind := not_regular(file)
-        ):
+        if not any(fnmatch(file.name, pattern) for pattern in MODEL_FILES):
+            continue
+        if kind := not_regular(file):
             raise ModelFetchError(
                 "model.model_id",
                 f"{file} is {kind}, not a regular file",
                 f"replace {file.name} with the model's real file, or remove it",
             )
+        try:
+            file.open("rb").close()  # a regular file: the open cannot block
+        except OSError as exc:
+            raise ModelFetchError(
+                "model.model_id",
+                f"{file} cannot be read by this worker ({exc.strerror})",
+                f"make {file.name} readable by the user the worker runs as (chmod a+r), or copy "
+                "the model to a folder that user owns",
+            ) from None
 
 
 def load_model_json(file: Path):
@@ -177,6 +193,22 @@ def check_config(path: Path, args: ModelArgs) -> dict:
         raise ModelFetchError(
             "model.model_id",
             f"{config_file} holds a JSON {type(config).__name__}, not an object of settings",
+            "replace config.json with the model's original",
+        )
+    model_type = config.get("model_type")
+    if model_type is not None and not (isinstance(model_type, str) and model_type.strip()):
+        raise ModelFetchError(
+            "model.model_id",
+            f"{config_file} sets model_type to {model_type!r:.80}; it must name an architecture, "
+            "such as llama",
+            "fix model_type in config.json, or replace config.json with the model's original",
+        )
+    if model_type is None and args.model_class.startswith("Auto") and not args.trust_remote_code:
+        raise ModelFetchError(
+            "model.model_id",
+            f"{config_file} has no model_type, so transformers' {args.model_class} cannot tell "
+            "which architecture to build",
+            'add the model\'s model_type (e.g. "model_type": "llama") to config.json, or '
             "replace config.json with the model's original",
         )
     if (auto_map := config.get("auto_map")) and not args.trust_remote_code:
@@ -259,6 +291,254 @@ def check_tokenizer(path: Path) -> None:
             "add the tokenizer files of the model it was trained from (its hub repository has "
             "them) to the folder; compressflow takes no separate tokenizer",
         )
+
+
+# Weights torch.load unpickles: loading one of unknown origin can execute the code it carries
+# (transformers' own refusal even suggests weights_only=False, the one thing never to do).
+PICKLE_WEIGHTS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.ckpt")
+# JSON files a loader reads as an object of settings (config.json: check_config).
+JSON_OBJECTS = (
+    "generation_config.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "video_preprocessor_config.json",
+    "chat_template.json",
+    "model.safetensors.index.json",
+)
+# Files whose `auto_map` makes a loader import the repository's own code (config.json's:
+# check_config).
+REMOTE_CODE_FILES = (
+    "tokenizer_config.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "video_preprocessor_config.json",
+)
+# Chat templates as files: transformers reads these beside tokenizer_config.json's own.
+TEMPLATE_FILES = ("chat_template.jinja", "additional_chat_templates/*.jinja")
+
+
+def local_folder(args: ModelArgs) -> Path | None:
+    """The local folder `model_id` names, resolved; None for a hub or ClearML id. A path that
+    does not exist (it starts with ., / or ~, or holds //) is refused, not sent to the hub."""
+    if args.clearml_model:
+        return None
+    path = Path(args.model_id).expanduser()
+    if path.exists():
+        return path.resolve()
+    if args.model_id.startswith((".", "/", "~")) or os.sep * 2 in args.model_id:
+        raise ModelFetchError(
+            "model.model_id",
+            f"local folder {args.model_id} does not exist",
+            "fix the path (relative paths are resolved from the worker's working directory)",
+        )
+    return None
+
+
+def check_readable(path: Path) -> None:
+    """Refuse a model_id that is not a folder this process can list."""
+    if not path.is_dir():
+        raise ModelFetchError(
+            "model.model_id",
+            f"{path} is {not_regular(path) or 'a file'}, not a model folder",
+            "point model_id at the folder that holds config.json and the weights",
+        )
+    try:
+        next(path.iterdir(), None)
+    except OSError as exc:
+        raise ModelFetchError(
+            "model.model_id",
+            f"the folder {path} cannot be listed by this worker ({exc.strerror})",
+            "make it readable by the user the worker runs as (chmod a+rx), or copy the model to "
+            "a folder that user owns",
+        ) from None
+
+
+def _json_ends(file: Path) -> None:
+    """A JSON file past the cap on what is parsed here (a large tokenizer.json): refused only
+    when it is cut off, which its first and last bytes show."""
+    with file.open("rb") as handle:
+        first = handle.read(64).lstrip()[:1]
+        handle.seek(max(0, file.stat().st_size - 64))
+        last = handle.read().rstrip()[-1:]
+    if (first, last) not in ((b"{", b"}"), (b"[", b"]")):
+        raise ModelFetchError(
+            "model.model_id",
+            f"{file} is not valid JSON: it is cut off (it ends in {last!r}, not a closing bracket)",
+            f"replace {file.name} with the model's original, or download the model again",
+        )
+
+
+def check_json_files(path: Path) -> dict[str, dict]:
+    """Refuse a JSON file of the folder that does not parse, or a loader's settings file that is
+    not an object; returns the parsed settings files that other checks read (REMOTE_CODE_FILES,
+    chat_template.json). config.json is check_config's."""
+    kept: dict[str, dict] = {}
+    for file in sorted(path.glob("*.json")):
+        if file.name == "config.json":
+            continue
+        if file.stat().st_size > MAX_JSON_BYTES:
+            _json_ends(file)
+            continue
+        data = load_model_json(file)
+        if file.name in JSON_OBJECTS and not isinstance(data, dict):
+            raise ModelFetchError(
+                "model.model_id",
+                f"{file} holds a JSON {type(data).__name__}, not an object of settings",
+                f"replace {file.name} with the model's original, or download the model again",
+            )
+        if file.name in (*REMOTE_CODE_FILES, "chat_template.json"):
+            kept[file.name] = data
+    return kept
+
+
+def check_remote_code(path: Path, settings: dict[str, dict], args: ModelArgs) -> None:
+    """Refuse, without trust_remote_code, a tokenizer or processor whose settings make
+    transformers import the repository's own code (`auto_map`)."""
+    if args.trust_remote_code:
+        return
+    for name in REMOTE_CODE_FILES:
+        if auto_map := settings.get(name, {}).get("auto_map"):
+            named = sorted(auto_map) if isinstance(auto_map, dict) else auto_map
+            raise ModelFetchError(
+                "model.trust_remote_code",
+                f"{path / name} loads its {name.split('_')[0]} from the repository's own code "
+                f"(auto_map: {named!r:.80})",
+                "set trust_remote_code: true if you trust this repository's code, or delete "
+                f"auto_map from {name} when its class is one transformers has",
+            )
+
+
+def _template_environment():
+    """The environment transformers compiles chat templates in: sandboxed, with its
+    `{% generation %}` block and loop controls. Only parsed here, never rendered."""
+    from jinja2 import nodes
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(Extension):  # transformers' AssistantTracker, as far as parsing goes
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body).set_lineno(lineno)
+
+    return ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols]
+    )
+
+
+def _templates(path: Path, settings: dict[str, dict]) -> list[tuple[str, Path, object]]:
+    """(where, file, what it holds) for every chat template of the folder: text, when the file
+    is well-formed."""
+    found: list[tuple[str, Path, object]] = []
+    value = settings.get("tokenizer_config.json", {}).get("chat_template")
+    if isinstance(value, list):  # named templates: [{"name": ..., "template": ...}]
+        for number, item in enumerate(value):
+            name = item.get("name", number) if isinstance(item, dict) else number
+            template = item.get("template") if isinstance(item, dict) else item
+            found.append((f"chat_template {name!r:.40}", path / "tokenizer_config.json", template))
+    elif value is not None:
+        found.append(("chat_template", path / "tokenizer_config.json", value))
+    if "chat_template" in settings.get("chat_template.json", {}):
+        template = settings["chat_template.json"]["chat_template"]
+        found.append(("chat_template", path / "chat_template.json", template))
+    for pattern in TEMPLATE_FILES:
+        for file in sorted(path.glob(pattern)):
+            if kind := not_regular(file):
+                raise ModelFetchError(
+                    "model.model_id",
+                    f"{file} is {kind}, not a regular file",
+                    f"replace {file.name} with the model's real file, or remove it",
+                )
+            try:
+                text = read_text(file, str(file), "model.model_id", ModelFetchError)
+            except UnicodeDecodeError:
+                raise ModelFetchError(
+                    "model.model_id",
+                    f"{file} is not UTF-8 text",
+                    f"replace {file.name} with the model's original",
+                ) from None
+            found.append(("the template", file, text))
+    return found
+
+
+def check_templates(path: Path, settings: dict[str, dict]) -> None:
+    """Refuse a chat template that is not text, or that jinja2 cannot parse: transformers
+    compiles it only when a chat is first rendered (the dataset, a served model's first chat)."""
+    templates = _templates(path, settings)
+    if not templates:
+        return
+    from jinja2 import TemplateSyntaxError
+
+    environment = _template_environment()
+    for where, file, template in templates:
+        fix = f"fix {where} in {file.name}, or replace {file.name} with the model's original"
+        if not isinstance(template, str):
+            raise ModelFetchError(
+                "model.model_id",
+                f"{where} in {file} is a JSON {type(template).__name__}, not the text of a "
+                "template",
+                fix,
+            )
+        try:
+            environment.parse(template)
+        except TemplateSyntaxError as exc:
+            raise ModelFetchError(
+                "model.model_id",
+                f"{where} in {file} is not a valid chat template: {exc.message} (line "
+                f"{exc.lineno} of the template)",
+                fix,
+            ) from None
+        except RecursionError:
+            raise ModelFetchError(
+                "model.model_id", f"{where} in {file} nests too deeply to parse", fix
+            ) from None
+
+
+def check_pickle_weights(path: Path) -> None:
+    """Refuse weights held only as pickle files: loading one runs torch.load on a file of
+    unknown origin. With safetensors beside them the loaders read the safetensors."""
+    if next(path.glob("*.safetensors"), None):
+        return
+    pickles = sorted({file.name for pattern in PICKLE_WEIGHTS for file in path.glob(pattern)})
+    if not pickles:
+        return
+    convert = (
+        'python -c "import sys; from transformers import AutoModelForCausalLM as M, '
+        "AutoTokenizer as T; s, d = sys.argv[1:]; M.from_pretrained(s).save_pretrained(d); "
+        f'T.from_pretrained(s).save_pretrained(d)" {path} {path}-safetensors'
+    )
+    raise ModelFetchError(
+        "model.model_id",
+        f"{path} holds its weights only as pickle files ({', '.join(pickles[:3])}"
+        f"{', ...' if len(pickles) > 3 else ''}): loading them runs torch.load, which can "
+        "execute code the file carries",
+        f"convert them to safetensors once, where you trust the files: `{convert}` (transformers "
+        "reads them with torch.load(weights_only=True); never pass weights_only=False), then set "
+        "model_id to the new folder",
+    )
+
+
+def check_folder(path: Path, args: ModelArgs) -> dict:
+    """Every check of a model folder that needs no library, cheapest first: the folder and the
+    files the loaders open readable, every JSON file and chat template parsed, what loading
+    could execute (auto_map, pickle weights), the tokenizer there, the safetensors headers whole
+    and the config's sizes against them. Returns config.json's settings."""
+    check_readable(path)
+    check_files(path)
+    config = check_config(path, args)
+    settings = check_json_files(path)
+    check_remote_code(path, settings, args)
+    check_templates(path, settings)
+    check_tokenizer(path)
+    check_pickle_weights(path)
+    check_sizes(path, config, check_weight_files(path))
+    return config
 
 
 def loading_class(path: Path, args: ModelArgs) -> str:

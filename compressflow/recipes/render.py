@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import yaml
 
@@ -20,13 +21,23 @@ from compressflow.results import RenderedRecipe
 _EXPLICIT_PIPELINES = ("basic", "datafree")
 
 
-def render(args: RecipeArgs) -> RenderedRecipe:
-    """Every step, without Prefect or ClearML: what the task returns."""
+def fill(args: RecipeArgs) -> tuple[dict[str, Any], str, str | None, dict[str, Any]]:
+    """Steps 1 and 2 and the recipe's shape: (recipe, source, preset name, the values filled in).
+
+    No library is imported: the flow checks these in its own process before any child starts
+    (flows/checks.py `precheck`). The YAML parses, the preset exists, every placeholder has a
+    value and every recipe_args is used.
+    """
     data, source, preset_name = load_recipe(args.source())
     values = dict(args.recipe_args)
     if preset_name:
         values = effective_args(preset_name, values)
-    recipe = to_recipe_dict(substitute(data, values))
+    return to_recipe_dict(substitute(data, values)), source, preset_name, values
+
+
+def render(args: RecipeArgs) -> RenderedRecipe:
+    """Every step, without Prefect or ClearML: what the task returns."""
+    recipe, source, preset_name, values = fill(args)
     notes, sequential_targets = migrate_legacy(recipe)
     if sequential_targets and args.sequential_targets:
         notes.append(

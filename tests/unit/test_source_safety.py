@@ -115,7 +115,8 @@ def test_output_overlapping_a_local_source_is_refused_before_the_model_is_fetche
     resolved = where(source).resolve()
     assert message.startswith(f"output.save_directory: {resolved} {how} the source model's")
     assert str(source.resolve()) in message and "Fix: choose a save_directory outside" in message
-    assert stages == ["render recipe"], "the model was fetched (hashed) before the refusal"
+    # Refused by the precheck, in the flow's own process: not even the recipe was rendered.
+    assert stages == [], "a stage ran (the model was fetched and hashed) before the refusal"
     assert files(source) == before
 
 
