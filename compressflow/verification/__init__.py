@@ -32,26 +32,55 @@ more memory than calibrating.
 A failure raises VerificationError naming the check, the numbers and the fix; the flow then
 publishes nothing. Either way the results go to the log, ClearML and a Prefect artifact.
 
-Each check is one module here holding its `CHECK` (name, the field a failure blames, the fix, its
-function); `registry.CHECKS` lists them in the order they run, and `run.run_checks` runs them in
-the verify stage's child process (tasks/verify.py is the stage's Prefect face). A new check is a
-module beside these, one line in the registry, and its call in `run_checks` where its inputs
-exist.
+Each check is one module here holding its `CHECK`: its name, the field a failure blames, the fix,
+and its function, which takes the verification's state (`Verifying`: the staged output, the
+source, the plan and what earlier checks handed on) and returns what it found, or None where it
+does not apply to this run. `registry.CHECKS` lists them in the order they run; `run.run_checks`
+prepares the state and runs them in the verify stage's child process (tasks/verify.py is the
+stage's Prefect face). A new check is a module beside these and one line in the registry.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from compressflow.params import VerifyArgs
+from compressflow.results import (
+    FetchedModel,
+    MemoryPlan,
+    RenderedRecipe,
+    ServingCheck,
+    VerificationCheck,
+)
+
+
+@dataclass
+class Verifying:
+    """One verification: its inputs, and what a check hands on to the checks after it."""
+
+    staging: Path  # the output, staged
+    model: FetchedModel  # the source
+    recipe: RenderedRecipe
+    plan: MemoryPlan
+    args: VerifyArgs
+    reference: dict | None = None  # input_ids and the base's logits on them
+    one_pass: Any = None  # model-free: the source's and the output's logits in one forward
+    loaded: Any = None  # the reloaded output, until the logits check has read it
+    figures: dict = field(default_factory=dict)  # the logits check's, for the result
+    served: ServingCheck | None = None  # what vLLM's check measured
+    checks: list[VerificationCheck] = field(default_factory=list)  # recorded so far
 
 
 @dataclass(frozen=True)
 class Check:
     """One verify check: the name its `VerificationCheck` carries, the parameter a failure points
     at ("recipe" stands for the one the user gave the recipe in: recipe.preset or recipe.recipe),
-    what to do about it, and the function that runs it (its arguments are its own)."""
+    what to do about it, and the function that runs it on a `Verifying` (None: not this run)."""
 
     name: str
     field: str
     fix: str
-    function: Callable
+    function: Callable[[Verifying], VerificationCheck | None]

@@ -39,5 +39,5 @@ CHECK = Check(
     fix="the quantized modules were saved unpacked (often a Linear subclass "
     "compressed-tensors does not recognise); report the architecture, and meanwhile use a recipe "
     "whose targets name the module classes, or set output.save_compressed true",
-    function=check_quantization_config,
+    function=lambda state: check_quantization_config(state.staging, state.recipe),
 )

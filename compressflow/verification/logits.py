@@ -22,7 +22,7 @@ from compressflow.reporting.quality import (
     read_reference,
 )
 from compressflow.results import Calibration, FetchedModel, MemoryPlan, VerificationCheck
-from compressflow.verification import Check
+from compressflow.verification import Check, Verifying
 from compressflow.verification.weights import FP8_DTYPES, dequantized, relative_error_in_place
 
 
@@ -186,6 +186,19 @@ def limits_source(args: VerifyArgs, scheme: str | None) -> str:
     return family + (f", {', '.join(given)} as set" if given else "")
 
 
+def logits_check(state: Verifying) -> VerificationCheck | None:
+    """The output's logits (the one pass's, or the reloaded model's) against the reference;
+    None when there is nothing to compare (no reference, or the reload failed)."""
+    logits = state.one_pass.logits if state.one_pass else None
+    if state.reference and state.loaded is not None and logits is None:
+        logits = logits_of(state.loaded, state.reference["input_ids"])
+    state.loaded = None  # the last check that reads the model: its memory goes back
+    if logits is None:
+        return None
+    check, state.figures = check_logits(logits, state.reference, state.args, state.recipe.scheme)
+    return check
+
+
 CHECK = Check(
     name="logits",
     field="verify",
@@ -193,5 +206,5 @@ CHECK = Check(
     "layers with the largest error unquantized (recipe ignore; the manifest lists errors per "
     "module), use more calibration samples or a scheme with more bits, or, if the loss is "
     "acceptable, relax verify.min_cosine / verify.max_kl / verify.min_top1",
-    function=check_logits,
+    function=logits_check,
 )

@@ -87,5 +87,10 @@ CHECK = Check(
     fix="the saved names and shapes must match the source checkpoint's for vLLM to "
     "load it; report the architecture (compressflow/registries/architectures.py holds "
     "per-family rules)",
-    function=check_names,
+    function=lambda state: check_names(
+        state.staging,
+        Path(state.model.path),
+        state.model.model_class,
+        state.model.trust_remote_code,
+    ),
 )

@@ -1,5 +1,5 @@
-"""What the verify stage's children run: every check in sequence (`run_checks`), cheapest first,
-the model-free one pass, reload, logits, vLLM last; and vLLM's check of a reused output
+"""What the verify stage's children run: the registry's checks in order (`run_checks`), after the
+model-free one pass where the run took that path; and vLLM's check of a reused output
 (`serve_published`). The checks' order and what they record: `registry.CHECKS`."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from pathlib import Path
 
 from compressflow.data.text_sources import load_processor
 from compressflow.params import VerifyArgs
-from compressflow.reporting.quality import logits_of
 from compressflow.reporting.reference import reference_samples, refuse_non_finite
 from compressflow.results import (
     Calibration,
@@ -22,17 +21,10 @@ from compressflow.results import (
     Verification,
     VerificationCheck,
 )
-from compressflow.verification.config import check_quantization_config
-from compressflow.verification.logits import (
-    check_logits,
-    load_reference,
-    one_pass_logits,
-    source_logits,
-)
-from compressflow.verification.names import check_names
-from compressflow.verification.reload import reload
+from compressflow.verification import Verifying
+from compressflow.verification.logits import load_reference, one_pass_logits, source_logits
+from compressflow.verification.registry import CHECKS
 from compressflow.verification.vllm import check_vllm
-from compressflow.verification.weights import check_weights
 
 
 def run_checks(
@@ -42,44 +34,27 @@ def run_checks(
     plan: MemoryPlan,
     args: VerifyArgs,
 ) -> Verification:
-    """Every check, in a process of its own (the reload holds the model)."""
+    """Every check of the registry, in order, in a process of its own (the reload holds the
+    model); each records what it found, or nothing where it does not apply to this run."""
     started = time.perf_counter()
     staging = Path(calibration.staging_path)
-    checks = [
-        check_quantization_config(staging, recipe),
-        check_names(staging, Path(model.path), model.model_class, model.trust_remote_code),
-    ]
-    reference = load_reference(calibration)
-    one_pass = None
+    state = Verifying(staging, model, recipe, plan, args, reference=load_reference(calibration))
     if plan.path == "model_free":  # the source is unchanged: its logits are taken here
         samples = reference_samples(load_processor(model), args)
-        one_pass = one_pass_logits(staging, model, plan, samples)
-        base = one_pass.base if one_pass else source_logits(model, plan, samples)
+        state.one_pass = one_pass_logits(staging, model, plan, samples)
+        base = state.one_pass.base if state.one_pass else source_logits(model, plan, samples)
         refuse_non_finite(base, model, "while verifying its compressed copy")
-        reference = {"input_ids": samples, "logits": base}
-        checks.append(check_weights(staging, Path(model.path), one_pass and one_pass.errors))
-    # The one pass read the output's weights already: its reload checks the keys, reading none.
-    loaded, reload_check = reload(staging, model, plan, weights=one_pass is None)
-    checks.append(reload_check)
-    logits = one_pass.logits if one_pass else None
-    if reference and loaded is not None and logits is None:
-        logits = logits_of(loaded, reference["input_ids"])
-    del loaded
-    figures: dict = {}
-    if logits is not None:
-        logits_check, figures = check_logits(logits, reference, args, recipe.scheme)
-        checks.append(logits_check)
-    served = None
-    if reference and all(check.passed for check in checks):  # vLLM last: the slowest check
-        vllm_check, served = check_vllm(staging, model, reference["input_ids"], args)
-        checks.append(vllm_check)
+        state.reference = {"input_ids": samples, "logits": base}
+    for check in CHECKS.values():
+        if (found := check.function(state)) is not None:
+            state.checks.append(found)
     return Verification(
-        passed=all(check.passed or not check.checked for check in checks),
-        checks=checks,
-        vllm=served,
+        passed=all(check.passed or not check.checked for check in state.checks),
+        checks=state.checks,
+        vllm=state.served,
         seconds=round(time.perf_counter() - started, 3),
         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        **figures,
+        **state.figures,
     )
 
 

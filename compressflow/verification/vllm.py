@@ -9,7 +9,7 @@ from compressflow.model.serving import serve_and_score, vllm_python
 from compressflow.params import VerifyArgs
 from compressflow.results import FetchedModel, PublishedModel, ServingCheck, VerificationCheck
 from compressflow.store.manifest import read_manifest
-from compressflow.verification import Check
+from compressflow.verification import Check, Verifying
 
 
 def check_vllm(
@@ -55,6 +55,16 @@ def vllm_not_run(published: PublishedModel, args: VerifyArgs) -> bool:
     return served is None or served.vllm_version is None
 
 
+def vllm_check(state: Verifying) -> VerificationCheck | None:
+    """vLLM's check, last and only when every other check passed: it is the slowest."""
+    if not state.reference or not all(check.passed for check in state.checks):
+        return None
+    check, state.served = check_vllm(
+        state.staging, state.model, state.reference["input_ids"], state.args
+    )
+    return check
+
+
 CHECK = Check(
     name="vllm",
     field="verify",
@@ -62,5 +72,5 @@ CHECK = Check(
     "vLLM's reason (report the architecture and scheme; meanwhile try another scheme); for "
     "scores, use a gentler recipe or relax verify.vllm_max_perplexity_increase_pct / "
     "verify.vllm_min_top1; verify.vllm off publishes without serving it",
-    function=check_vllm,
+    function=vllm_check,
 )

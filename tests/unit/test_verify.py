@@ -333,7 +333,7 @@ def test_every_check_is_registered_once_and_records_itself_under_its_name(tmp_pa
 
     from compressflow import verification
     from compressflow.params import VerifyArgs
-    from compressflow.results import FetchedModel, MemoryPlan
+    from compressflow.results import FetchedModel, MemoryPlan, VerificationCheck
     from compressflow.verification.registry import CHECKS
 
     modules = [
@@ -346,24 +346,38 @@ def test_every_check_is_registered_once_and_records_itself_under_its_name(tmp_pa
     for name, check in CHECKS.items():
         assert name == check.name and check.field.strip() and check.fix.strip(), check
 
-    # Each function, run where it returns at once, records its check under the registry's name.
+    # Each function, run on a state where it returns at once, records its check under the
+    # registry's name; a check that does not apply to the run records nothing.
+    from compressflow.verification import Verifying
+    from compressflow.verification.logits import OnePass
+
     write_config(tmp_path, None)
     model = FetchedModel(
         path=str(tmp_path), source="local", model_id="m", identity="sha256:test", size_bytes=0
     )
-    plan = MemoryPlan.model_construct(path="classic", placement="cpu")
     reference = {"logits": [torch.randn(2, 8)], "input_ids": [[1, 2]]}
-    runs = {
-        "quantization config": lambda function: function(tmp_path, RECIPE),
-        "tensor names": lambda function: function(tmp_path, tmp_path),
-        "weights": lambda function: function(tmp_path, tmp_path),
-        "reload": lambda function: function(tmp_path, model, plan)[1],
-        "logits": lambda function: function([torch.randn(2, 8)], reference, VerifyArgs(), None)[0],
-        "vllm": lambda function: function(tmp_path, model, [[1, 2]], VerifyArgs(vllm="off"))[0],
+
+    def state(path: str = "classic", **handed_on) -> Verifying:
+        plan = MemoryPlan.model_construct(path=path, placement="cpu")
+        return Verifying(tmp_path, model, RECIPE, plan, VerifyArgs(vllm="off"), **handed_on)
+
+    model_free = {"reference": reference, "one_pass": OnePass([], [torch.randn(2, 8)], {})}
+    applies = {
+        "quantization config": state(),
+        "tensor names": state(),
+        "weights": state("model_free", **model_free),
+        "reload": state(),
+        "logits": state("model_free", **model_free),
+        "vllm": state(reference=reference),
     }
-    assert runs.keys() == CHECKS.keys()
+    assert applies.keys() == CHECKS.keys()
     for name, check in CHECKS.items():
-        assert runs[name](check.function).name == name
+        assert check.function(applies[name]).name == name
+    # Where a check does not apply, it records nothing.
+    failed = VerificationCheck(name="reload", passed=False, detail="missing keys")
+    assert CHECKS["weights"].function(state()) is None  # model-free runs only
+    assert CHECKS["logits"].function(state(reference=reference)) is None  # nothing reloaded
+    assert CHECKS["vllm"].function(state(reference=reference, checks=[failed])) is None
 
 
 @pytest.mark.parametrize("recipe_source", ["preset:W4A16", "file:recipe.yaml"])

@@ -30,7 +30,7 @@ from compressflow.recipes.render import render
 from compressflow.results import Calibration, FetchedModel, MemoryPlan, VerificationCheck
 from compressflow.runtime import calibration as calibration_module
 from compressflow.tasks import verify as verify_module
-from compressflow.verification import run as verification_run
+from compressflow.verification import reload as verification_reload
 
 TINY_LLAMA = dict(
     vocab_size=128,
@@ -106,7 +106,7 @@ def test_verification_failure_of_a_preset_names_recipe_preset(tmp_path, monkeypa
         (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
     # The checkpoint reloads, but config.json lacks the quantization config the recipe implies.
     reloaded = VerificationCheck(name="reload", passed=True, detail="clean")
-    monkeypatch.setattr(verification_run, "reload", lambda *args, **kwargs: (None, reloaded))
+    monkeypatch.setattr(verification_reload, "reload", lambda *args, **kwargs: (None, reloaded))
     # The checks run here, not in a child, so the stand-in reload above is the one called.
     monkeypatch.setattr(verify_module, "in_child", lambda function, *args: function(*args))
     monkeypatch.setattr(verify_module, "create_markdown_artifact", lambda *args, **kwargs: None)
