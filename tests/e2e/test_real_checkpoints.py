@@ -85,7 +85,7 @@ def test_config_json_that_is_a_folder_is_no_config(tiny_model, tmp_path):
     folder = copy_of(tiny_model, tmp_path / "model")
     (folder / "config.json").unlink()
     (folder / "config.json").mkdir()
-    with pytest.raises(ModelFetchError, match="has no config.json"):
+    with pytest.raises(ModelFetchError, match="config.json is a folder, not a regular file"):
         fetch(ModelArgs(model_id=str(folder)))
 
 
