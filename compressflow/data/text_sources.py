@@ -19,6 +19,7 @@ Sources, tried in this order:
 
 from __future__ import annotations
 
+import codecs
 import difflib
 import hashlib
 import json
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from compressflow.data.user_code import import_callable
-from compressflow.errors import DatasetError
+from compressflow.errors import DatasetError, ModelFetchError, first_line
 from compressflow.limits import not_regular
 from compressflow.logs import run_logger
 from compressflow.params import DatasetArgs
@@ -71,9 +72,21 @@ MAX_CHARS_PER_TOKEN = 64
 
 
 def load_tokenizer(model: FetchedModel):
+    """The model's tokenizer; a tokenizer its files cannot build is the model folder's fault."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    try:
+        return AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    # Broad on purpose: the tokenizers library's parser raises a bare Exception for a file of the
+    # wrong shape ("data did not match any variant of untagged enum ModelUntagged"), transformers
+    # a ValueError, TypeError, AttributeError or KeyError for settings of the wrong type.
+    except Exception as exc:
+        raise ModelFetchError(
+            "model.model_id",
+            f"the tokenizer in {model.path} cannot be built from its files: {first_line(exc)}",
+            "replace tokenizer.json, tokenizer_config.json and special_tokens_map.json with the "
+            "original model's (its hub repository has them), or remove the one the message names",
+        ) from exc
 
 
 def tokenizer_identity(tokenizer) -> str:
@@ -174,18 +187,24 @@ def check_text_file(path: Path) -> None:
             "point it at a file with calibration text (one sample per paragraph or JSON line)",
         )
     if path.suffix.lower() in (".txt", ".jsonl", ".json", ".csv"):
+        # The whole file, a MiB at a time: pyarrow's JSON reader takes invalid UTF-8 past its
+        # first block, and the row holding it failed only when read, as a bare UnicodeDecodeError.
+        decoder, offset = codecs.getincrementaldecoder("utf-8")(), 0
         with path.open("rb") as handle:
-            head = handle.read(1 << 20)
-        try:
-            head.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            if exc.start < len(head) - 4:  # not just a character cut at the 1 MiB boundary
-                raise DatasetError(
-                    "dataset.dataset_name",
-                    f"'{path}' is not UTF-8 text (byte {exc.start} cannot be decoded): a binary "
-                    "or differently encoded file",
-                    "convert it to UTF-8 text, or name the right file",
-                ) from exc
+            while True:
+                chunk, pending = handle.read(1 << 20), len(decoder.getstate()[0])
+                try:
+                    decoder.decode(chunk, final=not chunk)
+                except UnicodeDecodeError as exc:
+                    raise DatasetError(
+                        "dataset.dataset_name",
+                        f"'{path}' is not UTF-8 text (byte {offset - pending + exc.start} cannot "
+                        "be decoded): a binary or differently encoded file",
+                        "convert it to UTF-8 text, or name the right file",
+                    ) from None
+                if not chunk:
+                    break
+                offset += len(chunk)
 
 
 def check_local(path: Path) -> None:
@@ -244,9 +263,11 @@ def load_local(path: Path, split: str):
     except DatasetError:  # load_folder's own, a ValueError the clause below would rewrap
         raise
     except read_errors() as exc:
-        raise DatasetError(
-            "dataset.dataset_name", f"'{path}' cannot be read: {reader_said(exc)}", fix
-        ) from exc
+        if not (suffix == ".parquet" and _parquet_rows(path) == 0):
+            raise DatasetError(
+                "dataset.dataset_name", f"'{path}' cannot be read: {reader_said(exc)}", fix
+            ) from exc
+        dataset = []  # no rows and no columns: pyarrow says "BatchSize must be greater than 0"
     except RecursionError:  # datasets infers a type per level of a deeply nested value
         raise DatasetError(
             "dataset.dataset_name",
@@ -274,6 +295,16 @@ def load_local(path: Path, split: str):
             "point it at a file with calibration text (one sample per paragraph or JSON line)",
         )
     return dataset
+
+
+def _parquet_rows(path: Path) -> int | None:
+    """The rows a Parquet file's footer declares; None when it has no readable footer."""
+    import pyarrow.parquet
+
+    try:
+        return pyarrow.parquet.ParquetFile(path).metadata.num_rows
+    except (OSError, ValueError, pyarrow.ArrowException):
+        return None
 
 
 def load_folder(path: Path, split: str):
@@ -442,7 +473,20 @@ def row_formatter(dataset, args: DatasetArgs, entry: dict | None, tokenizer, sou
     if _holds_messages(dataset, column, source):
         has_template = getattr(tokenizer, "chat_template", None) is not None
         return (lambda row: render_messages(row[column], tokenizer)), has_template
-    return (lambda row: row[column] or ""), False
+    return (lambda row: _text_value(row[column], column, source)), False
+
+
+def _text_value(value: Any, column: str, source: str) -> str:
+    """A row's text; a value of another type (judged by the first row, a later one can differ)
+    is refused, naming the column."""
+    if value is None or isinstance(value, str):
+        return value or ""
+    raise DatasetError(
+        "dataset.text_column",
+        f"column '{column}' of {source} holds a {type(value).__name__} in some rows "
+        f"({value!r:.60}), not text",
+        "set text_column to a column whose every value is a string, or fix those rows",
+    )
 
 
 def require_columns(needed: list[str], columns: list[str], source: str) -> None:
@@ -479,6 +523,13 @@ def _fill_template(row: dict[str, Any], templates: list[str], fields: list[list[
 
 def render_messages(messages: list[dict], tokenizer) -> str:
     """Chat messages as the model sees them: its chat template, else plain 'role: content' lines."""
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise DatasetError(
+            "dataset.text_column",
+            f"a row's chat messages are {messages!r:.80}, not a list of {{role, content}} objects",
+            "fix those rows (each message an object with role and content), or set text_column "
+            "to a column of plain text",
+        )
     messages = [
         {
             "role": SHAREGPT_ROLES.get(
@@ -489,8 +540,49 @@ def render_messages(messages: list[dict], tokenizer) -> str:
         for m in messages
     ]
     if getattr(tokenizer, "chat_template", None) is not None:
-        return tokenizer.apply_chat_template(messages, tokenize=False)
+        try:
+            return tokenizer.apply_chat_template(messages, tokenize=False)
+        # Broad on purpose: a template is code; it raises jinja2's errors, its own
+        # raise_exception(...), or whatever its expressions do (1 / 0).
+        except Exception as exc:
+            raise _template_failed(exc, messages, tokenizer) from exc
     return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
+
+
+# A conversation every chat template must render: one that fails on it is the model's fault.
+PLAIN_CHAT = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi."}]
+
+
+def _template_failed(exc: Exception, messages: list[dict], tokenizer) -> Exception:
+    """A chat template that cannot compile, or fails on a plain user/assistant exchange too, is
+    the model's fault; one that fails only on a row's messages, the row's or the template's."""
+    from jinja2 import TemplateSyntaxError
+
+    fix = (
+        "fix the chat template (chat_template.jinja, or chat_template in tokenizer_config.json), "
+        "or replace it with the original model's"
+    )
+    if isinstance(exc, TemplateSyntaxError):
+        return ModelFetchError(
+            "model.model_id", f"the model's chat template does not compile: {first_line(exc)}", fix
+        )
+    try:
+        tokenizer.apply_chat_template(PLAIN_CHAT, tokenize=False)
+    except Exception:  # whatever it raises, the template fails without the data
+        return ModelFetchError(
+            "model.model_id",
+            f"the model's chat template fails on any conversation, a plain user/assistant "
+            f"exchange too: {first_line(exc)}",
+            fix,
+        )
+    roles = [m.get("role") for m in messages]
+    return DatasetError(
+        "dataset.dataset_name",
+        f"the model's chat template fails on a row's messages (roles {roles!r:.80}): "
+        f"{first_line(exc)}",
+        f"give rows the messages the template accepts (the message says what it expects), {fix}, "
+        "or set text_column to a column of plain text",
+    )
 
 
 def sample_texts(dataset, format_row: Callable, n: int, seed: int, source: str) -> list[str]:
