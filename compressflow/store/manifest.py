@@ -14,6 +14,7 @@ calibrating again.
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import re
@@ -331,17 +332,84 @@ def _staging_name(target: Path, pid: int, tag: str) -> str:
 PID_MAX = 4194304  # Linux's largest pid_max: the longest pid a leftover's name can carry
 
 
+# File systems that hold no files of a user's, where a save cannot land (/proc, /sys, /dev's own).
+PSEUDO_FILE_SYSTEMS = frozenset(
+    "proc sysfs devtmpfs devpts cgroup cgroup2 debugfs tracefs securityfs pstore bpf configfs "
+    "fusectl mqueue binfmt_misc efivarfs selinuxfs nsfs autofs hugetlbfs rpc_pipefs".split()
+)
+
+
+def file_system(path: Path) -> str | None:
+    """The type of the file system `path` lies on, from Linux's mount table; None elsewhere."""
+    try:
+        table = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    where, best, kind = str(path.resolve()), "", None
+    for line in table:
+        mount, _, source = line.partition(" - ")
+        point = mount.split(" ")[4].replace("\\040", " ")
+        inside = where == point or where.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best) and source:
+            best, kind = point, source.split(" ")[0]
+    return kind
+
+
+def _nearest_existing(target: Path) -> tuple[Path, bool]:
+    """The nearest of `target` and its parents that exists, and whether a path below it was too
+    long even to look at (a name past NAME_MAX, or the whole past PATH_MAX)."""
+    too_long = False
+    for path in (target, *target.parents):
+        try:
+            if path.exists():
+                return path, too_long
+        except OSError as exc:  # exists() passes on ENAMETOOLONG and a folder it may not search
+            if exc.errno != errno.ENAMETOOLONG:
+                raise PublishError(
+                    "output.save_directory",
+                    f"{path} cannot be looked at by this worker ({exc.strerror})",
+                    "choose a save_directory the user the worker runs as may reach",
+                ) from None
+            too_long = True
+    return Path("/"), too_long
+
+
 def check_output_path(target: Path) -> None:
-    """Refuse, before any work, an output path a run could not create: one under a file, or a
-    name too long for the names a run gives its working files beside it (the longest is the
-    reference logits') on the filesystem that would hold them."""
-    existing = next(p for p in (target, *target.parents) if p.exists())
+    """Refuse, before any work, an output path a run could not create: one under a file, on a
+    file system that holds no files (/proc, /sys), in a folder this worker may not write, a path
+    or a name too long for the file system, or a name too long for the names a run gives its
+    working files beside it (the longest is the reference logits')."""
+    existing, too_long = _nearest_existing(target)
+    if too_long:
+        longest = max(len(os.fsencode(part)) for part in target.parts)
+        raise PublishError(
+            "output.save_directory",
+            f"{str(target)[:60]}... is {len(os.fsencode(str(target))):,} bytes long, its longest "
+            f"part {longest:,} bytes: past the {os.pathconf(existing, 'PC_PATH_MAX'):,} bytes a "
+            f"path, or the {os.pathconf(existing, 'PC_NAME_MAX')} bytes a name, can have there",
+            "choose a shorter save_directory",
+        )
     if not existing.is_dir():
         raise PublishError(
             "output.save_directory",
             f"{target} {'is' if existing == target else 'lies under'} {existing}, which is a "
             "file, not a folder",
             "choose a save_directory that is a folder, or under one",
+        )
+    if (kind := file_system(existing)) in PSEUDO_FILE_SYSTEMS:
+        raise PublishError(
+            "output.save_directory",
+            f"{target} lies on {existing}'s {kind} file system, which the kernel fills with its "
+            "own entries: no model can be saved there",
+            "choose a save_directory on a disk (or a mounted volume) for models",
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PublishError(
+            "output.save_directory",
+            f"{target} {'is' if existing == target else 'lies under'} {existing}, which the user "
+            f"this worker runs as (uid {os.getuid()}) may not write to, or which is mounted "
+            "read-only",
+            "choose a save_directory that user may write to, or make the folder writable for it",
         )
     name = len(os.fsencode(target.name))
     longest = reference_path(target.parent / _staging_name(target, PID_MAX, "f" * 8)).name
