@@ -12,7 +12,14 @@ import re
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from compressflow.errors import InputError, RecipeError
 from compressflow.limits import check_data
@@ -43,6 +50,22 @@ def _block_name(value: Any, field: str) -> Any:
     return value
 
 
+def _no_nul_byte(group: str):
+    """A validator refusing a path field that holds a NUL byte: every file-system call on it
+    raised a bare "ValueError: embedded null byte" from deep inside a check."""
+
+    def check(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, str) and "\x00" in value:
+            raise InputError(
+                f"{group}.{info.field_name}",
+                f"{value[:60]!r} holds a NUL byte (\\x00), which no file or folder name can hold",
+                "remove it (copying from a binary file or a C string brings one in)",
+            )
+        return value
+
+    return check
+
+
 class _Args(BaseModel):
     # Unknown keys are typos in a deployment's parameters: refuse them instead of ignoring them.
     model_config = ConfigDict(extra="forbid")
@@ -65,6 +88,7 @@ class _Args(BaseModel):
 class ModelArgs(_Args):
     # A token pasted into hub_token_block stays out of a refusal's text (errors() keeps it).
     model_config = ConfigDict(hide_input_in_errors=True)
+    _paths = field_validator("model_id", mode="before")(_no_nul_byte("model"))
 
     model_id: str = Field(
         min_length=1,
@@ -104,6 +128,8 @@ class ModelArgs(_Args):
 
 class TextSourceArgs(_Args):
     """Where text comes from: shared by calibration data and held-out evaluation text."""
+
+    _paths = field_validator("dataset_name", mode="before")(_no_nul_byte("dataset"))
 
     dataset_name: str = Field(
         default="python_docs",
@@ -230,6 +256,8 @@ class CalibrationArgs(_Args):
     load picks where the weights live and the batch size, and refuses what cannot fit.
     """
 
+    _paths = field_validator("offload_folder", mode="before")(_no_nul_byte("calibration"))
+
     path: Literal["auto", "classic", "model_free"] = Field(
         default="auto",
         description="auto: a data-free scheme (e.g. FP8_DYNAMIC) whose weights can be quantized "
@@ -304,6 +332,8 @@ class CalibrationArgs(_Args):
 
 
 class OutputArgs(_Args):
+    _paths = field_validator("save_directory", mode="before")(_no_nul_byte("output"))
+
     save_directory: str = Field(
         default="",
         description="Where the compressed model is published. Empty: a folder named "
