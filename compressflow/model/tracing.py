@@ -184,10 +184,17 @@ def check_quantized_layers(model: FetchedModel, recipe: RenderedRecipe) -> None:
     if not modifiers:
         return
     config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
-    for modifier in modifiers:
+    quantized_by: dict[str, str] = {}  # layer -> the modifier that quantizes its weights first
+    for number, modifier in enumerate(modifiers, 1):
+        refuse_quantizing_nothing(modifier, recipe)
         meta = meta_model(config, model.model_class, model.trust_remote_code)
         targets, ignore = modifier.resolved_targets, modifier.ignore
-        if next(match_named_modules(meta, targets, ignore), None) is None:
+        matched = [name for name, _ in match_named_modules(meta, targets, ignore)]
+        if _quantizes_layers(modifier.resolved_config):
+            refuse_quantized_twice(
+                matched, f"{type(modifier).__name__} (modifier {number})", quantized_by, recipe
+            )
+        if not matched:
             raise RecipeError(
                 recipe.given_in(),
                 f"{type(modifier).__name__} would quantize no layer of {type(meta).__name__}: "
@@ -214,6 +221,51 @@ def check_quantized_layers(model: FetchedModel, recipe: RenderedRecipe) -> None:
                 "`ignore`), use a group size that divides them, or set "
                 "bypass_divisibility_checks: true if your runtime supports it",
             )
+
+
+def _quantizes_layers(config) -> bool:
+    """Whether a resolved quantization config quantizes some layer's weights or activations (a
+    KV-cache-only one quantizes the cache alone)."""
+    return any(
+        getattr(scheme, part) is not None
+        for scheme in config.config_groups.values()
+        for part in ("weights", "input_activations", "output_activations")
+    )
+
+
+def refuse_quantizing_nothing(modifier, recipe: RenderedRecipe) -> None:
+    """Refuse a quantizing modifier with no scheme, no config group that quantizes anything and
+    no KV-cache scheme (`scheme: null`): llm-compressor failed on it only once the weights were
+    loaded ("unable to find any modules to quantize")."""
+    config = modifier.resolved_config
+    if _quantizes_layers(config) or config.kv_cache_scheme is not None:
+        return
+    name = type(modifier).__name__
+    raise RecipeError(
+        recipe.given_in(),
+        f"{name} quantizes nothing: it has no scheme, no config_groups with weights or "
+        "activations, and no kv_cache_scheme",
+        f"give {name} a scheme (e.g. W4A16) or config_groups, or remove it",
+    )
+
+
+def refuse_quantized_twice(
+    matched: list[str], modifier: str, quantized_by: dict[str, str], recipe: RenderedRecipe
+) -> None:
+    """Refuse two quantizing modifiers on one layer: the later one re-quantizes what the earlier
+    one calibrated, with its own scheme, and the checkpoint holds neither as the recipe reads.
+    `quantized_by` maps the layers earlier modifiers quantize to them; `matched` are added."""
+    twice = [name for name in matched if name in quantized_by]
+    if twice:
+        raise RecipeError(
+            recipe.given_in(),
+            f"{modifier} quantizes {len(twice)} layer(s) that {quantized_by[twice[0]]} already "
+            f"quantizes, e.g. {', '.join(twice[:3])}: the later modifier would re-quantize what "
+            "the earlier one calibrated, with its own scheme",
+            "keep one quantizing modifier per layer: split their targets, or add the layers to "
+            "one modifier's ignore list",
+        )
+    quantized_by.update(dict.fromkeys(matched, modifier))
 
 
 def check_smoothquant_mappings(model: FetchedModel, recipe: RenderedRecipe) -> None:
