@@ -90,7 +90,7 @@ def fetch(args: ModelArgs, weights: bool = True) -> FetchedModel:
         path, revision_resolved = fetch_from_hub(args, hub_token(args.hub_token_block), weights)
     # Every source: a local folder has passed them once already, before any child started
     # (flows/checks.py `precheck`); a download is first checked here, once it is on disk.
-    check_folder(path, args)
+    check_folder(path, args, weights or source != "hub")
     if source == "hub":
         identity = f"hub:{args.model_id}@{revision_resolved}"
     elif source == "clearml":

@@ -524,11 +524,14 @@ def check_pickle_weights(path: Path) -> None:
     )
 
 
-def check_folder(path: Path, args: ModelArgs) -> dict:
+def check_folder(path: Path, args: ModelArgs, weights: bool = True) -> dict:
     """Every check of a model folder that needs no library, cheapest first: the folder and the
     files the loaders open readable, every JSON file and chat template parsed, what loading
     could execute (auto_map, pickle weights), the tokenizer there, the safetensors headers whole
-    and the config's sizes against them. Returns config.json's settings."""
+    and the config's sizes against them. Returns config.json's settings.
+
+    `weights=False`: a hub model fetched without its weight files (validation), whose index
+    names shards not downloaded: the weight files' checks wait for the run, which fetches them."""
     check_readable(path)
     check_files(path)
     config = check_config(path, args)
@@ -536,8 +539,9 @@ def check_folder(path: Path, args: ModelArgs) -> dict:
     check_remote_code(path, settings, args)
     check_templates(path, settings)
     check_tokenizer(path)
-    check_pickle_weights(path)
-    check_sizes(path, config, check_weight_files(path))
+    if weights:
+        check_pickle_weights(path)
+        check_sizes(path, config, check_weight_files(path))
     return config
 
 

@@ -102,8 +102,10 @@ def check_loads_completely(model: FetchedModel, folder: Path | None = None) -> s
     calibration, in seconds. Says what it checked."""
     folder = Path(folder or model.path)
     files = loaded_files(folder)
-    if not files:  # validation fetched no weights, or a checkpoint of another format
+    if not files:  # a checkpoint of another format
         return "not checked: the folder holds no safetensors weights"
+    if not all(file.is_file() for file in files):  # validation fetched a hub model's config alone
+        return "not checked: the weight files are not downloaded (the run checks them)"
     meta, report = headers_load(folder, model.model_class, model.trust_remote_code)
     if problem := incomplete(report, folder, unexpected=True):
         raise InputError(

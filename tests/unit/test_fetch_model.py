@@ -75,6 +75,32 @@ def test_uncached_hub_revision_says_the_cache_lacks_it(hub_cache):
     assert "acme/tiny-llama@v2" in str(error.value)
 
 
+def test_a_sharded_hub_model_validates_from_its_config_files_alone(sharded_tiny_model, test_root):
+    """Validation fetches a hub model's JSON and tokenizer files, not its shards: the index
+    naming shards that are not there is no refusal then; the run, which downloads them, checks."""
+    from compressflow.flows.validate import validate
+
+    repo = test_root / "hf" / "hub" / "models--acme--tiny-sharded"
+    snapshot = repo / "snapshots" / SHA
+    if not repo.exists():
+        snapshot.mkdir(parents=True)
+        for file in sharded_tiny_model.iterdir():
+            if file.suffix != ".safetensors":  # what HUB_CONFIG_PATTERNS downloads
+                shutil.copy(file, snapshot / file.name)
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text(SHA)
+    assert fetch(ModelArgs(model_id="acme/tiny-sharded"), weights=False).source == "hub"
+    report = validate(
+        model={"model_id": "acme/tiny-sharded"},
+        dataset={"dataset_name": "python_docs", "text_samples": 4, "max_seq_len": 32},
+        recipe={"recipe": "W4A16"},
+        output={"save_directory": str(test_root / "never-written")},
+    )
+    assert "not checked" in next(c for c in report.checks if c.name == "weights").detail
+    with pytest.raises(ModelFetchError, match="lacks shards its index lists"):
+        fetch(ModelArgs(model_id="acme/tiny-sharded"))  # a run needs them
+
+
 def test_uncached_hub_model_says_the_cache_lacks_it():
     with pytest.raises(ModelFetchError, match="not in the local hub cache"):
         fetch(ModelArgs(model_id="acme/never-downloaded"))
