@@ -519,8 +519,8 @@ def check_pickle_weights(path: Path) -> None:
         f"{', ...' if len(pickles) > 3 else ''}): loading them runs torch.load, which can "
         "execute code the file carries",
         f"convert them to safetensors once, where you trust the files: `{convert}` (transformers "
-        "reads them with torch.load(weights_only=True); never pass weights_only=False), then set "
-        "model_id to the new folder",
+        "reads them with torch.load(weights_only=True), the mode that executes nothing; never "
+        "switch that off), then set model_id to the new folder",
     )
 
 
@@ -571,6 +571,7 @@ def loading_class(path: Path, args: ModelArgs) -> str:
             f"transformers cannot read {path / 'config.json'}: {first_line(exc)}",
             "fix that field of config.json, or replace config.json with the model's original",
         ) from None
+    refuse_stray_text_config(config, path)
     mapping = compat.causal_lm_classes()
     default = mapping[type(config)].__name__ if type(config) in mapping else None
     named = [name for name in (config.architectures or []) if hasattr(transformers, name)]
@@ -587,6 +588,24 @@ def loading_class(path: Path, args: ModelArgs) -> str:
         "%s is a %s: loading it with %s", args.model_id, type(config).__name__, named[0]
     )
     return named[0]
+
+
+def refuse_stray_text_config(config, path: Path) -> None:
+    """Refuse a `text_config` that is not a language model's configuration: on a config class
+    without one (a Llama's) transformers keeps whatever config.json holds there, and every later
+    get_text_config() fails on it ('str' object has no attribute 'to_dict'), or, for null, the
+    trace fails blaming the pipeline."""
+    from transformers import PretrainedConfig
+
+    if hasattr(config, "text_config") and not isinstance(config.text_config, PretrainedConfig):
+        raise ModelFetchError(
+            "model.model_id",
+            f"{path / 'config.json'} sets text_config to {config.text_config!r:.60}, which a "
+            f"{type(config).__name__} does not have: transformers keeps it as a plain value and "
+            "fails on it when it builds the model",
+            "remove text_config from config.json (a vision-language model's belongs to its own "
+            "model_type), or replace config.json with the model's original",
+        )
 
 
 def shard_names(index: Path) -> set[str]:

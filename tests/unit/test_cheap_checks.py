@@ -137,7 +137,7 @@ FOLDERS = {
         to_pickle,
         "model.model_id",
         ["only as pickle files (pytorch_model.bin)", "torch.load", "execute code"],
-        ["convert them to safetensors", "save_pretrained", "never pass weights_only=False"],
+        ["convert them to safetensors", "save_pretrained", "never switch that off"],
     ),
     "truncated shard": (
         lambda f: (f / "model.safetensors").write_bytes(
