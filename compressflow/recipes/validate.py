@@ -185,7 +185,36 @@ def validate(recipe: dict[str, Any]) -> list[Modifier]:
             "change the recipe as the message says",
         ) from exc
     check_bit_widths(modifiers)
+    check_order(modifiers)
     return modifiers
+
+
+# Modifiers that rewrite weights (smoothing, balancing, rotating) for the quantizer after them.
+BEFORE_QUANTIZING = (
+    "SmoothQuantModifier",
+    "LogarithmicEqualizationModifier",
+    "AWQModifier",
+    "QuIPModifier",
+    "SpinQuantModifier",
+)
+
+
+def check_order(modifiers: list[Modifier]) -> None:
+    """Refuse a smoothing or rotating modifier after a quantizing one: it would rescale weights
+    already quantized, and the checkpoint would be neither's. llm-compressor runs it as written;
+    the fuzzer's SmoothQuant after GPTQ calibrated, then failed verification blaming quality."""
+    quantizer = None
+    for modifier in modifiers:
+        name = type(modifier).__name__
+        if quantizer and name in BEFORE_QUANTIZING:
+            raise RecipeError(
+                RECIPE_FIELD,
+                f"{name} comes after {quantizer}: it would rescale or rotate weights {quantizer} "
+                "has already quantized, so the checkpoint would hold neither's result",
+                f"put {name} before {quantizer}, in the same stage or an earlier one",
+            )
+        if quantizer is None and compat.is_quantizing_modifier(modifier):
+            quantizer = name
 
 
 # Integer widths: compressed-tensors packs at most 8 bits, and 1 bit leaves two levels. llm-
