@@ -33,6 +33,31 @@ from compressflow.logs import run_logger
 from compressflow.model.download import HUB_CONFIG_PATTERNS
 from compressflow.params import DEFAULT_MODEL_CLASS, ModelArgs
 
+# Bits per element of each dtype safetensors 0.8 reads: an entry of another is refused at load.
+DTYPE_BITS = {
+    "BOOL": 8,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "F8_E4M3FNUZ": 8,
+    "F8_E5M2FNUZ": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "C64": 64,
+    "F64": 64,
+    "I64": 64,
+    "U64": 64,
+}
 # safetensors' own reader refuses a longer header (MAX_HEADER_SIZE in its Rust crate): a file
 # claiming more is not one it would load, and reading the claim would hold that much memory.
 MAX_HEADER_BYTES = 100_000_000
@@ -72,8 +97,35 @@ def check_entry(name: str, spec) -> None:
         or offsets[0] > offsets[1]
     ):
         raise HeaderError(f"tensor {name!r} has data_offsets {offsets!r}, not [begin, end]")
-    if not isinstance(spec.get("dtype", ""), str):
-        raise HeaderError(f"tensor {name!r} has dtype {spec['dtype']!r}, not a name")
+    dtype = spec.get("dtype", "")
+    if not isinstance(dtype, str):
+        raise HeaderError(f"tensor {name!r} has dtype {dtype!r}, not a name")
+    if dtype not in DTYPE_BITS:
+        raise HeaderError(
+            f"tensor {name!r} has dtype {dtype!r:.40}, which safetensors does not know"
+        )
+    bits = math.prod(shape) * DTYPE_BITS[dtype]
+    if bits % 8 or bits // 8 != offsets[1] - offsets[0]:
+        size = f"{bits / 8:,}" if bits % 8 else f"{bits // 8:,}"
+        raise HeaderError(
+            f"tensor {name!r} is {dtype} of shape {shape}, {size} bytes, but its "
+            f"data_offsets {offsets} hold {offsets[1] - offsets[0]:,}"
+        )
+
+
+def check_layout(tensors: dict) -> int:
+    """Refuse byte ranges that do not tile the data from its first byte, one after another, as
+    safetensors requires at load; returns where the data ends."""
+    end = 0
+    ranges = sorted(
+        (spec["data_offsets"], name) for name, spec in tensors.items() if name != "__metadata__"
+    )
+    for (begin, stop), name in ranges:
+        if begin != end:
+            what = "overlaps the tensor before it" if begin < end else "leaves a gap before it"
+            raise HeaderError(f"tensor {name!r} starts at byte {begin:,} of the data and {what}")
+        end = stop
+    return end
 
 
 def read_header(file: Path) -> tuple[int, dict]:
@@ -105,6 +157,7 @@ def read_header(file: Path) -> tuple[int, dict]:
         raise HeaderError(f"its header is a JSON {type(tensors).__name__}, not an object")
     for name, spec in tensors.items():
         check_entry(name, spec)
+    check_layout(tensors)
     return length, tensors
 
 
@@ -825,6 +878,13 @@ def check_weight_files(path: Path) -> set[str]:
                 "model.model_id",
                 f"{file} is truncated: its header describes {8 + length + end:,} bytes, the file "
                 f"has {size:,}",
+                fix,
+            )
+        if 8 + length + end < size:  # safetensors: "incomplete metadata, file not fully covered"
+            raise ModelFetchError(
+                "model.model_id",
+                f"{file} is not a readable safetensors file: {size - 8 - length - end:,} bytes "
+                "follow the last tensor its header describes",
                 fix,
             )
         names.update(name for name in tensors if name != "__metadata__")
