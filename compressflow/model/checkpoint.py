@@ -776,6 +776,13 @@ def check_index(path: Path) -> None:
         "rebuild the index's weight_map from the shards' own tensor names"
     )
     shards = sorted(set(weight_map.values()))
+    if not shards:  # transformers then loads no file at all, and fails with an IndexError
+        raise ModelFetchError(
+            "model.model_id",
+            f"{index} lists no tensors (its weight_map is empty), so transformers would load "
+            f"none of the weights files beside it ({named(files) if files else 'none'})",
+            fix,
+        )
     if (path / "model.safetensors").exists() and shards != ["model.safetensors"]:
         raise ModelFetchError(
             "model.model_id",
