@@ -4,7 +4,8 @@ have held every tensor of the original tiny model, byte for byte, where the load
 it: a mutated, incomplete source must be refused, never published as verified.
 
 The fast part, and every case the fuzzer found, is tests/unit/test_fuzz.py; the mutators and
-the property are tests/support/fuzz.py. About 4 minutes here.
+the property are tests/support/fuzz.py. About 2 minutes here: 363 cases through validate, 4
+checkpoints and 3 recipes through the whole flow.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class Budget:
     replays it (to confirm a failure, or shrink it): the choice is the case's, not the call's."""
 
     def __init__(self, runs: int):
-        self.left, self.chosen = runs, set()
+        self.left, self.chosen, self.cases = runs, set(), 0
 
     def take(self, case) -> bool:
         if repr(case) in self.chosen:
@@ -62,6 +63,7 @@ def flow_runs():
 
 
 def validate_then_flow(env, case, budget: Budget) -> None:
+    budget.cases += 1
     ran = fuzz.run_validate(env, case)
     if not ran.outcome.refused and budget.take(case):
         fuzz.run_compress(env, case)
@@ -112,5 +114,7 @@ def test_output_locations_long(env, case):
 def test_the_whole_flow_ran(flow_runs):
     """Last: the checkpoints that passed validate did reach the whole flow (the seeded draw has
     passing cases), so the long run proves what is published, not only what is refused."""
+    if not flow_runs["checkpoint"].cases:
+        pytest.skip("test_checkpoint_folders_long did not run in this session")
     print({kind: sorted(budget.chosen) for kind, budget in flow_runs.items()})
     assert flow_runs["checkpoint"].left < FLOW_RUNS
