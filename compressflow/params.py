@@ -50,9 +50,10 @@ def _block_name(value: Any, field: str) -> Any:
     return value
 
 
-def _no_nul_byte(group: str):
-    """A validator refusing a path field that holds a NUL byte: every file-system call on it
-    raised a bare "ValueError: embedded null byte" from deep inside a check."""
+def _plain_path(group: str):
+    """A validator refusing a path or id field that holds a NUL byte (every file-system call on
+    it raised a bare "ValueError: embedded null byte" from deep inside a check) or spaces at
+    either end (a pasted path: "   " made a folder of spaces in the worker's directory)."""
 
     def check(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, str) and "\x00" in value:
@@ -60,6 +61,14 @@ def _no_nul_byte(group: str):
                 f"{group}.{info.field_name}",
                 f"{value[:60]!r} holds a NUL byte (\\x00), which no file or folder name can hold",
                 "remove it (copying from a binary file or a C string brings one in)",
+            )
+        if isinstance(value, str) and value != value.strip():
+            raise InputError(
+                f"{group}.{info.field_name}",
+                f"{value[:60]!r} has spaces at its start or end, which a pasted path brings in",
+                f"give it as {value.strip()[:60]!r}"
+                if value.strip()
+                else "give a path, or leave it empty for the default",
             )
         return value
 
@@ -88,7 +97,7 @@ class _Args(BaseModel):
 class ModelArgs(_Args):
     # A token pasted into hub_token_block stays out of a refusal's text (errors() keeps it).
     model_config = ConfigDict(hide_input_in_errors=True)
-    _paths = field_validator("model_id", mode="before")(_no_nul_byte("model"))
+    _paths = field_validator("model_id", mode="before")(_plain_path("model"))
 
     model_id: str = Field(
         min_length=1,
@@ -129,7 +138,7 @@ class ModelArgs(_Args):
 class TextSourceArgs(_Args):
     """Where text comes from: shared by calibration data and held-out evaluation text."""
 
-    _paths = field_validator("dataset_name", mode="before")(_no_nul_byte("dataset"))
+    _paths = field_validator("dataset_name", mode="before")(_plain_path("dataset"))
 
     dataset_name: str = Field(
         default="python_docs",
@@ -256,7 +265,7 @@ class CalibrationArgs(_Args):
     load picks where the weights live and the batch size, and refuses what cannot fit.
     """
 
-    _paths = field_validator("offload_folder", mode="before")(_no_nul_byte("calibration"))
+    _paths = field_validator("offload_folder", mode="before")(_plain_path("calibration"))
 
     path: Literal["auto", "classic", "model_free"] = Field(
         default="auto",
@@ -332,7 +341,7 @@ class CalibrationArgs(_Args):
 
 
 class OutputArgs(_Args):
-    _paths = field_validator("save_directory", mode="before")(_no_nul_byte("output"))
+    _paths = field_validator("save_directory", mode="before")(_plain_path("output"))
 
     save_directory: str = Field(
         default="",

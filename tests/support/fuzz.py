@@ -1287,6 +1287,8 @@ OUTPUT_PLACES: dict[str, Callable[[Path], str]] = {
     "trailing slash": lambda root: str(root / "out") + "/",
     "newline": lambda root: str(root / "out\nx"),
     "nul byte": lambda root: str(root / "out\x00x"),
+    "spaces only": lambda root: "   ",
+    "pasted with a space": lambda root: f" {root / 'out'}",
     "name 255": lambda root: str(root / ("n" * 255)),
     "name 256": lambda root: str(root / ("n" * 256)),
     "path 5000": lambda root: str(root / "/".join(["d" * 200] * 25)),

@@ -217,6 +217,16 @@ FOUND = [
         (None, "NUL byte"),  # refused by validate's schema check: a pydantic ValidationError
     ),
     (
+        OutputCase("spaces only"),
+        "passed validate: the run would make a folder named '   ' in the worker's directory",
+        (None, "spaces at its start or end"),  # validate's schema check: a ValidationError
+    ),
+    (
+        OutputCase("pasted with a space"),
+        "passed validate: the run would write under a folder named ' ' in the worker's directory",
+        (None, "spaces at its start or end"),
+    ),
+    (
         OutputCase("/proc/fuzz-out"),
         "refused as a full disk ('/proc has 0.0 B free ... free space there')",
         (PublishError, "proc file system"),
