@@ -3,7 +3,7 @@ and the whole compress flow for checkpoints that pass it. A checkpoint the flow 
 have held every tensor of the original tiny model, byte for byte, where the loader looks for
 it: a mutated, incomplete source must be refused, never published as verified.
 
-The fast part, and every case the fuzzer found, is tests/unit/test_fuzz.py; the mutators and
+The fast part, and every case the fuzzer found, is tests/e2e/test_fuzz.py; the mutators and
 the property are tests/support/fuzz.py. About 2 minutes here: 363 cases through validate, 4
 checkpoints and 3 recipes through the whole flow.
 """
