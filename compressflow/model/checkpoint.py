@@ -182,6 +182,16 @@ def tensor_index(folder: Path) -> dict[str, TensorInfo]:
 MODEL_FILES = [*HUB_CONFIG_PATTERNS, "*.safetensors"]
 
 
+def refuse_irregular(file: Path) -> None:
+    """Refuse a FIFO, device, folder or broken link where the model's files hold a file."""
+    if kind := not_regular(file):
+        raise ModelFetchError(
+            "model.model_id",
+            f"{file} is {kind}, not a regular file",
+            f"replace {file.name} with the model's real file, or remove it",
+        )
+
+
 def check_files(path: Path) -> None:
     """Refuse a FIFO, device, folder or broken link named as a file the loaders read: opening
     it would block forever, never end, or fail as an OSError the task retries. And one this
@@ -189,12 +199,7 @@ def check_files(path: Path) -> None:
     for file in sorted(path.iterdir()):
         if not any(fnmatch(file.name, pattern) for pattern in MODEL_FILES):
             continue
-        if kind := not_regular(file):
-            raise ModelFetchError(
-                "model.model_id",
-                f"{file} is {kind}, not a regular file",
-                f"replace {file.name} with the model's real file, or remove it",
-            )
+        refuse_irregular(file)
         try:
             file.open("rb").close()  # a regular file: the open cannot block
         except OSError as exc:
@@ -502,12 +507,7 @@ def _templates(path: Path, settings: dict[str, dict]) -> list[tuple[str, Path, o
         found.append(("chat_template", path / "chat_template.json", template))
     for pattern in TEMPLATE_FILES:
         for file in sorted(path.glob(pattern)):
-            if kind := not_regular(file):
-                raise ModelFetchError(
-                    "model.model_id",
-                    f"{file} is {kind}, not a regular file",
-                    f"replace {file.name} with the model's real file, or remove it",
-                )
+            refuse_irregular(file)
             try:
                 text = read_text(file, str(file), "model.model_id", ModelFetchError)
             except UnicodeDecodeError:
