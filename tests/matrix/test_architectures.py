@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 from datasets import Dataset
 from PIL import Image
-from support.models import ARCHITECTURE_NAMES, RANDOM_WEIGHTS, cpu_has, model_type
+from support.family_rules import assert_rule_reaches_the_recipe
+from support.models import ARCHITECTURE_NAMES, RANDOM_WEIGHTS, cpu_has
 from support.reload_check import assert_published_model_matches_base
 
 from compressflow.data.local_text import python_docs
@@ -29,13 +30,9 @@ from compressflow.errors import CompressflowError
 from compressflow.flows.compress import compress
 from compressflow.model.serving import serve_and_score_many
 from compressflow.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs, VerifyArgs
-from compressflow.recipes.render import render
-from compressflow.registries.architectures import ARCHITECTURES
 from compressflow.reporting.reference import reference_samples
 from compressflow.results import FetchedModel, ServingCheck
 from compressflow.store.manifest import read_manifest
-from compressflow.tasks.adapt_recipe import adapt_recipe
-from compressflow.tasks.fetch_model import fetch
 
 PRESETS = ["W4A16", "W8A8", "FP8_DYNAMIC"]
 MOE = [name for name, tiny in ZOO.items() if tiny.family == "moe"]
@@ -217,18 +214,4 @@ def test_vision_calibration_publishes_a_verified_model_or_refuses_clearly(
 @pytest.mark.parametrize("family", ["deepseek_v3"])
 def test_each_family_rule_changes_the_recipe_as_written(zoo_root, family):
     """One test per registry entry: the rule reaches the recipe that calibration gets."""
-    name = next(n for n in ARCHITECTURE_NAMES if model_type(build_tiny(n, zoo_root)) == family)
-    rule = ARCHITECTURES[family]
-    fetched = fetch(ModelArgs(model_id=str(zoo_root / name), model_class=model_class(name)))
-    adapted = adapt_recipe.fn(render(RecipeArgs(recipe="W8A8")), fetched)
-    assert adapted.architecture == family
-    for pattern in rule.ignore:
-        assert pattern in adapted.yaml
-    if rule.no_smoothquant:
-        assert "SmoothQuantModifier" not in adapted.modifiers
-        assert any("SmoothQuant removed" in note for note in adapted.notes)
-    elif rule.smoothquant:
-        assert "mappings" in adapted.yaml
-    # A user's own ignore list and mappings are kept, never replaced.
-    own = render(RecipeArgs(recipe="W8A8", recipe_args={"ignore": ["lm_head", "re:.*mine$"]}))
-    assert "re:.*mine$" in adapt_recipe.fn(own, fetched).yaml
+    assert_rule_reaches_the_recipe(zoo_root, family)
