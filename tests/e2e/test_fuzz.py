@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from support import fuzz
 from support.fuzz import (
     CheckpointCase,
@@ -32,48 +32,36 @@ from support.fuzz import (
 from compressflow.errors import CompressflowError, DatasetError, ModelFetchError, PublishError
 
 
-def seeded(examples: int):
-    return settings(
-        derandomize=True,
-        database=None,
-        deadline=None,
-        max_examples=examples,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
-
-
 @pytest.fixture(scope="module")
 def env(tiny_model, zoo_root, tmp_path_factory):
-    built = fuzz.FuzzEnv.build(tiny_model, zoo_root, tmp_path_factory.mktemp("fuzz"))
-    fuzz.warm(built)
-    return built
+    return fuzz.ready_env(tiny_model, zoo_root, tmp_path_factory.mktemp("fuzz"))
 
 
-@seeded(60)
+@fuzz.seeded(60)
 @given(case=fuzz.checkpoint_cases())
 def test_checkpoint_folders(env, case):
     fuzz.run_validate(env, case)
 
 
-@seeded(30)
+@fuzz.seeded(30)
 @given(case=fuzz.tokenizer_cases())
 def test_tokenizers_and_templates(env, case):
     fuzz.run_validate(env, case)
 
 
-@seeded(50)
+@fuzz.seeded(50)
 @given(case=fuzz.recipe_cases())
 def test_recipes(env, case):
     fuzz.run_validate(env, case)
 
 
-@seeded(30)
+@fuzz.seeded(30)
 @given(case=fuzz.data_cases)
 def test_data_files(env, case):
     fuzz.run_validate(env, case)
 
 
-@seeded(30)
+@fuzz.seeded(30)
 @given(case=fuzz.output_cases)
 def test_output_locations(env, case):
     fuzz.run_validate(env, case)

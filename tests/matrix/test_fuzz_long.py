@@ -11,7 +11,7 @@ checkpoints and 3 recipes through the whole flow.
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 from support import fuzz
 from support.fuzz import CheckpointCase, Reindex
@@ -23,21 +23,9 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 FLOW_RUNS = 4
 
 
-def seeded(examples: int):
-    return settings(
-        derandomize=True,
-        database=None,
-        deadline=None,
-        max_examples=examples,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
-
-
 @pytest.fixture(scope="module")
 def env(tiny_model, zoo_root, tmp_path_factory):
-    built = fuzz.FuzzEnv.build(tiny_model, zoo_root, tmp_path_factory.mktemp("fuzz-long"))
-    fuzz.warm(built)
-    return built
+    return fuzz.ready_env(tiny_model, zoo_root, tmp_path_factory.mktemp("fuzz-long"))
 
 
 class Budget:
@@ -69,7 +57,7 @@ def validate_then_flow(env, case, budget: Budget) -> None:
         fuzz.run_compress(env, case)
 
 
-@seeded(100)
+@fuzz.seeded(100)
 @given(case=fuzz.checkpoint_cases())
 def test_checkpoint_folders_long(env, flow_runs, case):
     validate_then_flow(env, case, flow_runs["checkpoint"])
@@ -78,14 +66,14 @@ def test_checkpoint_folders_long(env, flow_runs, case):
 # The issue's own case first: shards that disagree with their index about where a tensor lives
 # loaded with that tensor missing (transformers fills it with random values and only warns),
 # calibrated, verified against a base loaded the same way, and was published.
-@seeded(12)
+@fuzz.seeded(12)
 @given(case=st.builds(CheckpointCase, st.tuples(fuzz.index_edits), st.just(True)))
 @example(case=CheckpointCase((Reindex("move", "model.layers.0.self_attn.q_proj.weight"),), True))
 def test_reindexed_checkpoints_never_publish_incomplete(env, flow_runs, case):
     validate_then_flow(env, case, flow_runs["reindexed"])
 
 
-@seeded(60)
+@fuzz.seeded(60)
 @given(case=fuzz.tokenizer_cases())
 def test_tokenizers_and_templates_long(env, case):
     fuzz.run_validate(env, case)
@@ -93,19 +81,19 @@ def test_tokenizers_and_templates_long(env, case):
 
 # Recipes that pass validate run too: two quantizing modifiers on one layer passed it and the
 # flow published what the later one made of the earlier one's calibration.
-@seeded(80)
+@fuzz.seeded(80)
 @given(case=fuzz.recipe_cases())
 def test_recipes_long(env, flow_runs, case):
     validate_then_flow(env, case, flow_runs["recipe"])
 
 
-@seeded(60)
+@fuzz.seeded(60)
 @given(case=fuzz.data_cases)
 def test_data_files_long(env, case):
     fuzz.run_validate(env, case)
 
 
-@seeded(50)
+@fuzz.seeded(50)
 @given(case=fuzz.output_cases)
 def test_output_locations_long(env, case):
     fuzz.run_validate(env, case)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from compressflow.errors import CompressflowError
@@ -1358,12 +1359,27 @@ def working_directory(folder: Path) -> Iterator[None]:
         os.chdir(before)
 
 
-def warm(env: FuzzEnv) -> None:
-    """One valid run first, untimed: the stages' forkserver imports llm-compressor once."""
+def ready_env(tiny_model: Path, zoo_root: Path, folder: Path) -> FuzzEnv:
+    """The inputs the cases mutate copies of, after one valid run, untimed: the stages'
+    forkserver imports llm-compressor once, not inside the first case's time limit."""
     from compressflow.flows.validate import validate
 
+    env = FuzzEnv.build(tiny_model, zoo_root, folder)
     with case_folder(env) as root:
         validate(**validate_params(env.shared, root))
+    return env
+
+
+def seeded(examples: int):
+    """Hypothesis settings for a fuzz test: the same cases every run (derandomized, no example
+    database), no deadline (a case's time is the property's to judge), `examples` of them."""
+    return settings(
+        derandomize=True,
+        database=None,
+        deadline=None,
+        max_examples=examples,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
 
 
 # ---------------------------------------------------------------- the whole flow (the long run)
