@@ -290,3 +290,12 @@ def pytest_collection_modifyitems(items):
             item.add_marker(TIER_MARKERS[tier])
         elif tier == "unit" and (needs := SERVER_FIXTURES & set(item.fixturenames)):
             raise pytest.UsageError(f"{item.nodeid} needs a server ({', '.join(needs)}): tests/e2e")
+
+
+def pytest_sessionstart(session):
+    # The stages' forkserver imports the libraries (about 5 s). Started before collection, it
+    # does so on the other core while pytest imports the test modules, not inside the first
+    # test that forks a child.
+    from compressflow.flows.compress import warm_up_children
+
+    warm_up_children()
