@@ -205,6 +205,16 @@ class RecipeArgs(_Args):
         description="Values for the recipe's `$name` placeholders; each is inserted as a YAML "
         "value (numbers stay numbers, lists stay lists).",
     )
+    kv_cache: Literal["off", "fp8"] = Field(
+        default="off",
+        description="fp8: store the KV cache in FP8, with one static scale per tensor for keys "
+        "and one for values, calibrated on the calibration samples (so a data-free preset such "
+        "as FP8_DYNAMIC then needs samples); about twice the context in the same memory. Sets "
+        "the preset's kv_cache_scheme, or adds kv_cache_scheme to your own recipe's quantizing "
+        "modifiers. vLLM serves it with --kv-cache-dtype fp8 (its CPU build on x86 CPUs with "
+        "AVX-512 or AMX only). off: the KV cache stays in the model's dtype, unless the recipe "
+        "says otherwise.",
+    )
     pipeline: Literal["auto", "independent", "sequential", "basic", "datafree"] = Field(
         default="auto",
         description="Calibration pipeline; auto: llm-compressor picks one from the recipe.",

@@ -121,6 +121,11 @@ class RenderedRecipe(BaseModel):
         default_factory=dict,
         description="Values the $placeholders took, preset defaults included.",
     )
+    kv_cache_scheme: dict[str, Any] | None = Field(
+        default=None,
+        description="The KV-cache quantization the modifiers ask for (num_bits, type, strategy, "
+        "dynamic, symmetric); None when keys and values stay in the model's dtype.",
+    )
 
     def given_in(self) -> str:
         """The parameter the user chose the recipe with: what an error about it names."""
@@ -428,6 +433,11 @@ class ServingCheck(BaseModel):
         default=None, description="Both models scored by vLLM on the held-out tokens."
     )
     vllm_version: str | None = None
+    kv_cache_dtype: str | None = Field(
+        default=None,
+        description="The kv_cache_dtype vLLM was given for the output: fp8 when its config.json "
+        "declares a kv_cache_scheme, auto (the model's dtype) otherwise.",
+    )
     seconds: float = Field(default=0.0, description="Start, load and score both models.")
     load_seconds: float = Field(default=0.0, description="Of which building both engines.")
 

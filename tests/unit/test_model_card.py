@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import pytest
 
+from compressflow.registries.presets import KV_CACHE_FP8
 from compressflow.reporting.model_card import (
     CARD,
     EVALUATION_START,
     add_evaluation,
+    kv_cache_line,
     source_license,
     verification_list,
     with_evaluation,
 )
-from compressflow.results import Verification, VerificationCheck
+from compressflow.results import ServingCheck, Verification, VerificationCheck
 
 
 def test_the_license_comes_from_the_sources_own_card(tmp_path):
@@ -72,3 +74,18 @@ def test_verification_is_a_list_a_long_or_odd_detail_cannot_break():
         "- **reload**: **FAIL**: ValueError: a | b c",
         "- **vllm**: not checked here: no kernel",
     ]
+
+
+def test_an_fp8_kv_cache_is_on_the_card_with_how_to_serve_it_and_what_vllm_here_did():
+    served = ServingCheck(outcome="served", vllm_version="0.32.0", kv_cache_dtype="fp8")
+    line = kv_cache_line(KV_CACHE_FP8, served)
+    assert line.startswith("- **KV cache**: FP8 (E4M3) with calibrated per-tensor scales")
+    assert "`--kv-cache-dtype fp8`" in line
+    assert "served here by vLLM 0.32.0 with `kv_cache_dtype=fp8`" in line
+    refused = "no FP8 KV cache in this vLLM build for this CPU or head size (...)"
+    not_checked = ServingCheck(outcome="not checked", reason=refused)
+    assert "not served here (not checked: see vLLM above)" in kv_cache_line(
+        KV_CACHE_FP8, not_checked
+    )
+    assert "vLLM did not run here" in kv_cache_line(KV_CACHE_FP8, None)
+    assert kv_cache_line(None, served) == ""  # the KV cache in the model's dtype: no line

