@@ -536,6 +536,27 @@ class TargetArgs(_Args):
         description="Most calibrations the search may run, the recipe as asked included; each "
         "round costs one full calibration.",
     )
+    avg_bits: float = Field(
+        default=0,
+        ge=0,
+        le=16,
+        description="A size budget instead of (or with) a ratio: at most this many bits per "
+        "quantizable weight, scales included, with the lowest held-out perplexity the "
+        "sensitivities predict (e.g. 4.5 with W4A16: most modules int4, the most sensitive int8 "
+        "or 16-bit). Needs the preset W4A16 (int4/int8/16) or NVFP4A16 (fp4/fp8/16). 0: none.",
+    )
+    method: Literal["auto", "mixed_precision", "leave_unquantized"] = Field(
+        default="auto",
+        description="How a ratio target is met. mixed_precision: each module's sensitivity is "
+        "measured once on the held-out text and a precision is chosen per module, then "
+        "calibrated once (twice when the estimate misses). leave_unquantized: the modules with "
+        "the largest GPTQ error stay in 16 bits, a full calibration per round. auto: "
+        "mixed_precision for the presets it knows (W4A16, NVFP4A16), else leave_unquantized.",
+    )
+
+    def wanted(self) -> bool:
+        """Whether the run has a target: a ratio, a bits-per-weight budget, or both."""
+        return bool(self.max_perplexity_ratio or self.avg_bits)
 
     @field_validator("max_perplexity_ratio")
     @classmethod

@@ -317,6 +317,49 @@ class Calibration(BaseModel):
 # search target
 
 
+class ModuleSensitivity(BaseModel):
+    name: str
+    weights: int = Field(description="Parameters in the module's weight.")
+    in_features: int
+    cost: dict[str, float] = Field(
+        description="Per precision: estimated rise of the held-out mean log-likelihood (the log "
+        "of the perplexity ratio) when this module alone is rounded to it."
+    )
+
+
+class Sensitivity(BaseModel):
+    """What each quantizable module costs at each precision of a family, measured once
+    (compressflow/reporting/sensitivity.py)."""
+
+    family: str
+    base_perplexity: float = Field(description="The base model's held-out perplexity.")
+    positions: int = Field(description="Held-out next-token positions measured.")
+    seconds: float
+    modules: list[ModuleSensitivity]
+
+
+class MixPoint(BaseModel):
+    """One point of the size vs quality trade-off a budget was chosen from."""
+
+    label: str
+    avg_bits: float = Field(description="Bits per quantizable weight, scales included.")
+    perplexity: float
+    measured: bool = Field(
+        description="True: calibrated and measured; False: predicted from the sensitivities "
+        "(round-to-nearest, which calibration improves on)."
+    )
+
+
+class MixedPrecision(BaseModel):
+    """What a mixed-precision budget chose, and the trade-off it chose from."""
+
+    family: str
+    precisions: dict[str, str] = Field(description="Module -> precision, as published.")
+    avg_bits: float = Field(description="Of the published mix: bits per quantizable weight.")
+    sensitivity_seconds: float
+    points: list[MixPoint]
+
+
 class TargetRound(BaseModel):
     """One calibration of a compress-to-target search, measured on the held-out text."""
 
@@ -328,6 +371,12 @@ class TargetRound(BaseModel):
     ratio: float = Field(description="perplexity / the base model's perplexity.")
     size_bytes: int = Field(description="This round's checkpoint on disk.")
     met: bool = Field(description="ratio <= the target.")
+    avg_bits: float | None = Field(
+        default=None, description="A mixed-precision round's bits per quantizable weight."
+    )
+    predicted_ratio: float | None = Field(
+        default=None, description="What the sensitivities predicted for a mixed-precision round."
+    )
 
 
 class TargetSearch(BaseModel):
@@ -347,6 +396,12 @@ class TargetSearch(BaseModel):
     rounds: list[TargetRound]
     chosen_round: int | None = Field(
         default=None, description="The round published; None when no round met the target."
+    )
+    avg_bits: float = Field(default=0, description="The bits-per-weight budget (0: none).")
+    mix: MixedPrecision | None = Field(
+        default=None,
+        description="Mixed precision: what was chosen per module, and the trade-off; None: the "
+        "search left modules unquantized.",
     )
 
     def chosen(self) -> TargetRound | None:
@@ -371,6 +426,7 @@ class TargetSearch(BaseModel):
                 {
                     "round": r.round,
                     "unquantized": len(r.unquantized),
+                    "avg_bits": r.avg_bits,
                     "ratio": round(r.ratio, 5),
                     "target": self.max_perplexity_ratio,
                     "met": r.met,
@@ -380,6 +436,18 @@ class TargetSearch(BaseModel):
                 for r in self.rounds
             ],
         )
+        if self.mix is not None:
+            for measured, series in ((False, "predicted"), (True, "measured")):
+                tracker.scatter(
+                    "size vs held-out perplexity",
+                    series,
+                    [[p.avg_bits, p.perplexity] for p in self.mix.points if p.measured == measured],
+                    ("bits per weight", "held-out perplexity"),
+                )
+            tracker.table(
+                "precision per module",
+                [{"module": name, "precision": p} for name, p in self.mix.precisions.items()],
+            )
         chosen = self.chosen()
         if chosen is not None:
             tracker.params(

@@ -26,6 +26,7 @@ from compressflow.model.hardware import (
     refuse_unsupported,
 )
 from compressflow.model.loading import check_loads_completely
+from compressflow.recipes.mixed import check_budget, mixes
 from compressflow.recipes.render import fill
 from compressflow.recipes.target import check_searchable
 from compressflow.registries.presets import PRESETS
@@ -98,8 +99,11 @@ def resolve_inputs(run: Runner, args: RunArgs, weights: bool = True) -> Inputs:
     # imports, which cost a reused run 5 s it had no other use for.
     if needs_accelerator(rendered):
         in_child(refuse_unsupported, rendered)
-    # A target needs the per-module error only GPTQ reports: refused before anything downloads.
-    check_searchable(rendered, args.target)
+    # A target needs what its method measures: refused before anything downloads. Mixing
+    # needs a preset of a known precision family; leaving modules out, GPTQ's per-module error.
+    check_budget(rendered, args.target)
+    if not mixes(rendered, args.target):
+        check_searchable(rendered, args.target)
     fetched = run(fetch_model, model, weights)
     refuse_fp4_on_float32(rendered, fetched)
     rendered = run(adapt_recipe, rendered, fetched)

@@ -29,6 +29,7 @@ from compressflow.params import (
     TrackingArgs,
     VerifyArgs,
 )
+from compressflow.recipes.mixed import mixes
 from compressflow.reporting.lineage import (
     add_run_tags,
     compress_run_name,
@@ -52,8 +53,9 @@ from compressflow.store.manifest import (
 )
 from compressflow.tasks.build_held_out import build_held_out
 from compressflow.tasks.calibrate import calibrate
+from compressflow.tasks.mix_precision import mix_precision
 from compressflow.tasks.publish import publish, summarize_reused
-from compressflow.tasks.search_target import search_target
+from compressflow.tasks.search_target import measure_perplexity, search_target
 from compressflow.tasks.verify import verify, verify_reused
 from compressflow.verification.vllm import vllm_not_run
 
@@ -125,7 +127,14 @@ def compress(
 def warm_up_children() -> None:
     """Start the forkserver every child of a run forks from (calibration, the checks, search,
     verification), with their modules imported there once."""
-    warm_up(calibrate_here, check_before_calibration, search_target, build_held_out.fn, verify.fn)
+    warm_up(
+        calibrate_here,
+        check_before_calibration,
+        search_target,
+        mix_precision,
+        build_held_out.fn,
+        verify.fn,
+    )
 
 
 def run_stages(args: RunArgs) -> PublishedModel:
@@ -155,7 +164,7 @@ def run_stages(args: RunArgs) -> PublishedModel:
         plan = check_before_calibration(stages.run, resolved)
 
         held_out = None
-        if args.target.max_perplexity_ratio:  # before calibrating: a bad held-out set fails fast
+        if args.target.wanted():  # before calibrating: a bad held-out set fails fast
             held_out = stages.run(
                 build_held_out, args.target.held_out.dataset_args(), resolved.model, args.dataset
             )
@@ -172,12 +181,17 @@ def run_stages(args: RunArgs) -> PublishedModel:
             )
 
         try:
-            calibrated = calibrate_into_staging(resolved.recipe)
-            chosen, search = resolved.recipe, None
-            if held_out is not None:
-                calibrated, chosen, search = search_target(
-                    stages.run, resolved, calibrated, held_out, calibrate_into_staging
+            if mixes(resolved.recipe, args.target):  # a precision per module, chosen first
+                calibrated, chosen, search = mix_precision(
+                    stages.run, resolved, held_out, calibrate_into_staging, measure_perplexity
                 )
+            else:
+                calibrated = calibrate_into_staging(resolved.recipe)
+                chosen, search = resolved.recipe, None
+                if held_out is not None:
+                    calibrated, chosen, search = search_target(
+                        stages.run, resolved, calibrated, held_out, calibrate_into_staging
+                    )
             verification = stages.run(
                 verify, calibrated, resolved.model, chosen, plan, verify_args, str(target)
             )

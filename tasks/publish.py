@@ -26,6 +26,7 @@ from compressflow.reporting.artifacts import (
     stage_table,
 )
 from compressflow.reporting.model_card import CARD, card_body, model_card
+from compressflow.reporting.tradeoff import SVG_FILE, tradeoff_svg
 from compressflow.results import (
     Calibration,
     MemoryPlan,
@@ -148,6 +149,8 @@ def publish(
     )
     with disk_full_is_clear(staging):
         (staging / "recipe.yaml").write_text(recipe.yaml)
+        if search is not None and search.mix is not None:  # the card's chart, beside it
+            (staging / SVG_FILE).write_text(tradeoff_svg(search.mix.points))
         manifest.files = published_files(staging, MANIFEST, CARD)
         write_manifest(staging, manifest)
         card = model_card(manifest, target_path, Path(model.path), tracking.current().link())

@@ -18,6 +18,7 @@ from pathlib import Path
 from compressflow.limits import MAX_TEXT_BYTES
 from compressflow.registries.presets import KV_CACHE_FP8
 from compressflow.reporting.artifacts import display_name, location_markdown, logit_figures
+from compressflow.reporting.tradeoff import SVG_FILE, tradeoff_markdown
 from compressflow.results import EvaluationReport, ServingCheck, TargetSearch, Verification
 from compressflow.store.manifest import Manifest, read_manifest
 
@@ -121,11 +122,57 @@ def base_model_line(model: dict) -> str:
     return f"`{model['model_id']}` ({model['source']}, {detail})"
 
 
-def target_section(search: TargetSearch | None) -> str:
+def mix_section(search: TargetSearch, inline_chart: bool) -> str:
+    """What a mixed-precision budget asked, chose and measured, and the trade-off chart (inline
+    in the run's summary; the card links `tradeoff.svg` beside it)."""
+    mix, chosen = search.mix, search.chosen()
+    asked = " and ".join(
+        text
+        for text in (
+            f"at most {search.avg_bits:g} bits per weight" if search.avg_bits else "",
+            f"held-out perplexity at most {search.max_perplexity_ratio}x the base model's"
+            if search.max_perplexity_ratio
+            else "",
+        )
+        if text
+    )
+    counts: dict[str, int] = {}
+    for precision in mix.precisions.values():
+        counts[precision] = counts.get(precision, 0) + 1
+    chosen_text = ", ".join(f"{n} module(s) {p}" for p, n in counts.items())
+    rounds = "\n".join(
+        f"| {r.round} | {r.avg_bits:.3f} | {r.predicted_ratio:.4f} | {r.ratio:.4f} | "
+        f"{r.size_bytes / 1e6:.2f} |" + (" published |" if r.round == chosen.round else " |")
+        for r in search.rounds
+    )
+    gpu = (
+        "\n\nFP4 needs a GPU to serve (Blackwell, or weight-only FP4 Marlin on Ampere and "
+        "later): the figures here are compressed-tensors' arithmetic on this host; served on a "
+        "GPU they may differ slightly."
+        if mix.family == "float"
+        else ""
+    )
+    return (
+        f"## Mixed precision\n\nAsked for {asked}. Each module's sensitivity was measured "
+        f"once ({mix.sensitivity_seconds:.0f} s, one pass over {search.held_out_samples} "
+        f"held-out texts from `{search.held_out_source}`, none of them calibration data) and a "
+        f"precision chosen per module: {chosen_text}, {mix.avg_bits:.3f} bits per weight. "
+        f"Held-out perplexity {chosen.perplexity:.4g}, ratio {chosen.ratio:.4f} to the base "
+        f"model's {search.base_perplexity:.4g}.{gpu}\n\n"
+        "| round | bits per weight | predicted ratio | measured ratio | size (MB) | |\n"
+        f"|---|---|---|---|---|---|\n{rounds}\n\n"
+        + tradeoff_markdown(search, mix.points, image="" if inline_chart else SVG_FILE)
+        + "\n"
+    )
+
+
+def target_section(search: TargetSearch | None, inline_chart: bool = False) -> str:
     """What compressing to a quality target kept unquantized, what it cost, and every round."""
     chosen = search.chosen() if search else None
     if chosen is None:  # no target, or none met (then nothing is published)
         return ""
+    if search.mix is not None:
+        return mix_section(search, inline_chart)
     first, cost = search.rounds[0], search.size_cost_bytes()
     measured = (
         f"Target: held-out perplexity at most {search.max_perplexity_ratio}x the base model's "
@@ -186,7 +233,7 @@ def card_body(
         f"{kv_cache_line(kv_cache, served)}"
         f"{run}"
         f"- **Run key**: `{result.run_key}`, published {manifest.created_at}\n\n"
-        f"{target_section(manifest.target)}"
+        f"{target_section(manifest.target, show_output)}"
         f"## Verification\n\n{verification_list(manifest.verification)}\n"
         "## Serve it\n\n"
         f"```bash\nvllm serve {shlex.quote(str(folder))}"

@@ -151,6 +151,21 @@ class Tracker:
             logger=True,
         )
 
+    def scatter(self, title: str, series: str, points: list[list[float]], axes: tuple[str, str]):
+        """Points (x, y) as one series of a ClearML scatter plot (the PLOTS tab)."""
+        self._call(
+            "report_scatter2d",
+            "report_scatter2d",
+            title=title,
+            series=series,
+            iteration=0,
+            scatter=points,
+            xaxis=axes[0],
+            yaxis=axes[1],
+            mode="markers",
+            logger=True,
+        )
+
     def artifact(self, name: str, obj: Any) -> None:
         self._call(
             "upload_artifact",

@@ -187,7 +187,7 @@ def run_key(
         ),
         "libraries": library_versions(),
     }
-    if target is not None and target.max_perplexity_ratio:
+    if target is not None and target.wanted():
         parts["target"] = target.model_dump()
         # The held-out text picks the winning round: a local file edited in place must not
         # reuse what the old text chose (hub datasets are pinned by name and split).

@@ -1,0 +1,293 @@
+"""Mixed precision to a budget, the recipe side: which precision each module gets, and the recipe.
+
+From the measured sensitivities (`Sensitivity`: each module's estimated held-out cost at each
+precision of its family), modules are grouped into units that vLLM serves as one layer
+(`registries.precisions.FUSED`), and the budget is a multiple-choice knapsack over the units:
+the smallest summed cost for at most `avg_bits` bits per quantizable weight, or the fewest bits
+whose predicted perplexity ratio meets a target. It is solved greedily on each unit's lower
+convex hull of (bits, cost): every unit starts at the family's fewest bits, and upgrades are
+taken in order of cost saved per bit added. The upgrade path is also the trade-off curve the
+run publishes. The chosen mix becomes one recipe: the preset's quantizing modifier with one
+config group per precision naming its modules, and the 16-bit ones in its ignore list.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from dataclasses import dataclass
+
+import yaml
+
+from compressflow.errors import InputError, TargetNotMet
+from compressflow.params import TargetArgs
+from compressflow.recipes.tree import add_ignore, dump_recipe, iter_modifiers, quantizes
+from compressflow.registries.precisions import EXPERTS, FAMILIES, FUSED, MIXABLE, Precision
+from compressflow.results import MixPoint, RenderedRecipe, Sensitivity, TargetSearch
+
+BITS_FIELD = "target.avg_bits"
+RATIO_FIELD = "target.max_perplexity_ratio"
+_EXPERT_INDEX = re.compile(r"\.experts\.\d+\.")
+
+
+def family_of(recipe: RenderedRecipe) -> str | None:
+    """The precision family of a preset a budget can mix; None for any other recipe."""
+    preset = recipe.source.removeprefix("preset:")
+    return MIXABLE.get(preset) if recipe.source.startswith("preset:") else None
+
+
+def mixes(recipe: RenderedRecipe, target: TargetArgs) -> bool:
+    """Whether this run's target is met by mixing precisions (rather than by leaving the worst
+    modules unquantized, round after round)."""
+    if target.avg_bits:
+        return True
+    if not target.max_perplexity_ratio or target.method == "leave_unquantized":
+        return False
+    return target.method == "mixed_precision" or family_of(recipe) is not None
+
+
+def check_budget(recipe: RenderedRecipe, target: TargetArgs) -> None:
+    """Refuse, before anything loads, a budget the recipe cannot mix or its family cannot reach."""
+    if not mixes(recipe, target):
+        return
+    family = family_of(recipe)
+    field = BITS_FIELD if target.avg_bits else "target.method"
+    if family is None:
+        raise InputError(
+            field,
+            f"mixed precision needs a preset whose precision family is known; the recipe is "
+            f"{recipe.source}",
+            f"use the preset {' or '.join(MIXABLE)} (recipe.preset, with recipe.recipe empty), "
+            "or, for a ratio target on your own GPTQ recipe, set target.method to "
+            "leave_unquantized",
+        )
+    fewest = FAMILIES[family][0]
+    if target.avg_bits and target.avg_bits < fewest.bits:
+        raise InputError(
+            BITS_FIELD,
+            f"{target.avg_bits} bits per weight is below what the {family} family reaches: its "
+            f"fewest, {fewest.name} ({fewest.scheme}), takes {fewest.bits:g} with its scales",
+            f"give at least {fewest.bits:g} (every module at {fewest.name}), or use "
+            f"{recipe.source.removeprefix('preset:')} without a budget",
+        )
+
+
+def unit_of(name: str) -> str:
+    """The unit a module takes its precision with: the vLLM layer it is fused into."""
+    if EXPERTS in name:
+        return name.split(EXPERTS, 1)[0] + EXPERTS + "*"
+    parent, _, leaf = name.rpartition(".")
+    for fused in FUSED:
+        if leaf in fused:
+            return f"{parent}.{'+'.join(fused)}"
+    return name
+
+
+@dataclass
+class _Unit:
+    modules: list[str]
+    options: list[tuple[Precision, float, float]]  # precision, bits, cost; fewest bits first
+
+
+def _bits(precision: Precision, weights: int, in_features: int) -> float:
+    return weights * (precision.bits + (16 / in_features if precision.per_channel else 0))
+
+
+def _units(sensitivity: Sensitivity) -> list[_Unit]:
+    grouped: dict[str, list] = {}
+    for module in sensitivity.modules:
+        grouped.setdefault(unit_of(module.name), []).append(module)
+    units = []
+    for members in grouped.values():
+        options = [
+            (
+                p,
+                sum(_bits(p, m.weights, m.in_features) for m in members),
+                sum(m.cost[p.name] for m in members),
+            )
+            for p in FAMILIES[sensitivity.family]
+        ]
+        units.append(_Unit([m.name for m in members], options))
+    return units
+
+
+def _hull(options: list[tuple[Precision, float, float]]) -> list[int]:
+    """Indices of the lower convex hull of (bits, cost), fewest bits first: the upgrades worth
+    taking in order (one that saves less per bit than a later one is skipped over)."""
+    hull: list[int] = []
+    for i, (_, bits, cost) in enumerate(options):
+        if hull and cost >= options[hull[-1]][2]:
+            continue  # more bits for no less cost
+        while len(hull) >= 2:
+            (_, b1, c1), (_, b2, c2) = options[hull[-2]], options[hull[-1]]
+            if (c1 - c2) / (b2 - b1) <= (c2 - cost) / (bits - b2):
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    return hull
+
+
+@dataclass(frozen=True)
+class Mix:
+    """One assignment: each module's precision, its bits per weight and predicted ratio."""
+
+    precisions: dict[str, str]
+    avg_bits: float
+    predicted_log_ratio: float
+
+    def predicted_ratio(self, scale: float = 1.0) -> float:
+        return math.exp(scale * self.predicted_log_ratio)
+
+    def counts(self) -> dict[str, int]:
+        counted: dict[str, int] = {}
+        for precision in self.precisions.values():
+            counted[precision] = counted.get(precision, 0) + 1
+        return counted
+
+
+def upgrade_path(sensitivity: Sensitivity) -> list[Mix]:
+    """Every mix the greedy passes through, from all at the fewest bits to all in 16: each
+    step moves one unit up its hull, the one that saves the most cost per bit added."""
+    units = _units(sensitivity)
+    total_weights = sum(m.weights for m in sensitivity.modules)
+    level = [0] * len(units)
+    hulls = [_hull(u.options) for u in units]
+    steps: list[tuple[float, int]] = []  # (cost saved per bit, unit): every hull edge
+    for index, hull in enumerate(hulls):
+        for a, b in zip(hull, hull[1:], strict=False):
+            (_, b1, c1), (_, b2, c2) = units[index].options[a], units[index].options[b]
+            steps.append(((c1 - c2) / (b2 - b1), index))
+    # Along one hull the savings per bit fall, so sorting keeps each unit's edges in order.
+    steps.sort(key=lambda step: -step[0])
+
+    def mix() -> Mix:
+        chosen = [u.options[hulls[i][level[i]]] for i, u in enumerate(units)]
+        return Mix(
+            precisions={
+                name: precision.name
+                for unit, (precision, _, _) in zip(units, chosen, strict=True)
+                for name in unit.modules
+            },
+            avg_bits=sum(bits for _, bits, _ in chosen) / total_weights,
+            predicted_log_ratio=sum(cost for _, _, cost in chosen),
+        )
+
+    path = [mix()]
+    for _, index in steps:
+        level[index] += 1
+        path.append(mix())
+    return path
+
+
+def within_bits(path: list[Mix], avg_bits: float) -> Mix:
+    """The lowest predicted cost at most `avg_bits` per weight."""
+    return min((m for m in path if m.avg_bits <= avg_bits + 1e-9), key=_cost_then_bits)
+
+
+def smallest_meeting(path: list[Mix], ratio: float, scale: float = 1.0) -> Mix:
+    """The fewest bits whose predicted ratio (its log scaled by `scale`) is at most `ratio`;
+    all 16-bit when none is."""
+    meeting = [m for m in path if m.predicted_ratio(scale) <= ratio]
+    return min(meeting, key=lambda m: m.avg_bits) if meeting else path[-1]
+
+
+def _cost_then_bits(mix: Mix) -> tuple[float, float]:
+    return mix.predicted_log_ratio, mix.avg_bits
+
+
+def uniform(sensitivity: Sensitivity, precision: Precision) -> Mix:
+    """Every module at `precision`: a uniform preset, as the sensitivities predict it."""
+    modules = sensitivity.modules
+    return Mix(
+        precisions={m.name: precision.name for m in modules},
+        avg_bits=sum(_bits(precision, m.weights, m.in_features) for m in modules)
+        / sum(m.weights for m in modules),
+        predicted_log_ratio=sum(m.cost[precision.name] for m in modules),
+    )
+
+
+def predicted_points(sensitivity: Sensitivity, path: list[Mix], budgets: list[float]) -> list:
+    """The chart's predicted points: each uniform precision, and the best mix at each budget."""
+    base = sensitivity.base_perplexity
+    points = [
+        MixPoint(
+            label=f"{precision.name} everywhere (round-to-nearest)",
+            avg_bits=m.avg_bits,
+            perplexity=base * m.predicted_ratio(),
+            measured=False,
+        )
+        for precision in FAMILIES[sensitivity.family][:-1]
+        for m in [uniform(sensitivity, precision)]
+    ]
+    for budget in budgets:
+        best = within_bits(path, budget)
+        points.append(
+            MixPoint(
+                label=f"mix at {budget:g} bits (predicted)",
+                avg_bits=best.avg_bits,
+                perplexity=base * best.predicted_ratio(),
+                measured=False,
+            )
+        )
+    return points
+
+
+def quantized_ignore(recipe: RenderedRecipe) -> list[str]:
+    """The ignore list of the recipe's quantizing modifier: what no precision is chosen for."""
+    for _, _, kwargs in iter_modifiers(yaml.safe_load(recipe.yaml)):
+        if quantizes(kwargs):
+            ignore = kwargs.get("ignore") or []
+            return [ignore] if isinstance(ignore, str) else list(ignore)
+    return []
+
+
+def mix_not_met(search: TargetSearch) -> TargetNotMet:
+    """No mix within the budget met the ratio: what the closest reached, and what to change."""
+    best = search.best()
+    budget = f" within {search.avg_bits:g} bits per weight" if search.avg_bits else ""
+    return TargetNotMet(
+        RATIO_FIELD,
+        f"no mixed-precision assignment{budget} met the perplexity ratio "
+        f"{search.max_perplexity_ratio} in {len(search.rounds)} calibration(s): the closest, "
+        f"round {best.round} at {best.avg_bits:.3f} bits per weight, reached {best.ratio:.4f} "
+        f"(predicted {best.predicted_ratio:.4f}); nothing was published",
+        f"loosen target.max_perplexity_ratio (to {best.ratio:.4f} or more)"
+        + (", or raise target.avg_bits" if search.avg_bits else ", or use a gentler preset"),
+    )
+
+
+def mixed_recipe(recipe: RenderedRecipe, mix: Mix) -> RenderedRecipe:
+    """`recipe` (a mixable preset) with its quantizing modifier's scheme replaced by one config
+    group per precision in `mix`, naming its modules, and the 16-bit modules ignored."""
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    family = FAMILIES[family_of(recipe)]
+    data = yaml.safe_load(recipe.yaml)
+    by_precision: dict[str, list[str]] = {}
+    for name, precision in mix.precisions.items():
+        by_precision.setdefault(precision, []).append(name)
+    for _, _, kwargs in iter_modifiers(data):
+        if not quantizes(kwargs):
+            continue
+        kwargs.pop("scheme", None)
+        groups = {}
+        for precision in family:
+            if precision.scheme and (names := by_precision.get(precision.name)):
+                scheme = preset_name_to_scheme(precision.scheme, names)
+                groups[f"group_{precision.name}"] = scheme.model_dump(
+                    mode="json", exclude_none=True
+                ) | {"targets": names}
+        kwargs["config_groups"] = groups
+        add_ignore(kwargs, by_precision.get("16-bit", []))
+    text = dump_recipe(data)
+    counts = ", ".join(f"{n} {p}" for p, n in mix.counts().items())
+    note = f"mixed precision: {counts} module(s), {mix.avg_bits:.3f} bits per weight"
+    return recipe.model_copy(
+        update={
+            "yaml": text,
+            "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+            "notes": [*recipe.notes, note],
+        }
+    )

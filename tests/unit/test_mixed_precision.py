@@ -1,0 +1,167 @@
+"""Mixed precision to a budget, its parts without a flow: the knapsack over measured
+sensitivities, the units vLLM fuses, the recipe with a config group per precision, the budget
+refusals, and the sensitivity pass on the tiny model.
+
+End to end on the learned-weights yardstick: tests/matrix/test_mixed_precision_yardstick.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import yaml
+from support.recipes import quantizing_modifiers
+
+from compressflow.errors import InputError
+from compressflow.params import RecipeArgs, TargetArgs
+from compressflow.recipes.mixed import (
+    check_budget,
+    mixed_recipe,
+    mixes,
+    unit_of,
+    upgrade_path,
+    within_bits,
+)
+from compressflow.recipes.render import render
+from compressflow.registries.precisions import FAMILIES
+from compressflow.results import ModuleSensitivity, Sensitivity
+
+LEAVES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def sensitivity(layers: int, seed: int, family: str = "int") -> Sensitivity:
+    rng = random.Random(seed)
+    modules = []
+    for layer, leaf in itertools.product(range(layers), LEAVES):
+        int4 = rng.random() * (3 if layer == 0 else 1) * 1e-3
+        mlp = leaf in ("gate_proj", "up_proj", "down_proj")
+        names = [p.name for p in FAMILIES[family]]
+        modules.append(
+            ModuleSensitivity(
+                name=f"model.layers.{layer}.{'mlp' if mlp else 'self_attn'}.{leaf}",
+                weights=128 * (384 if mlp else 128),
+                in_features=384 if leaf == "down_proj" else 128,
+                cost=dict(zip(names, [int4, int4 * rng.random() * 0.01, 0.0], strict=True)),
+            )
+        )
+    return Sensitivity(
+        family=family, base_perplexity=20.0, positions=1000, seconds=1, modules=modules
+    )
+
+
+def test_fused_projections_and_experts_take_one_precision():
+    assert unit_of("model.layers.3.self_attn.k_proj") == unit_of("model.layers.3.self_attn.q_proj")
+    assert unit_of("model.layers.3.self_attn.k_proj") != unit_of("model.layers.4.self_attn.k_proj")
+    assert unit_of("model.layers.3.mlp.up_proj") == unit_of("model.layers.3.mlp.gate_proj")
+    assert unit_of("model.layers.3.mlp.down_proj") == "model.layers.3.mlp.down_proj"
+    experts = {unit_of(f"model.layers.1.mlp.experts.{i}.{p}") for i in range(4) for p in LEAVES[4:]}
+    assert experts == {"model.layers.1.mlp.experts.*"}
+    path = upgrade_path(sensitivity(3, 0))
+    for mix in path:
+        by_unit: dict[str, set[str]] = {}
+        for name, precision in mix.precisions.items():
+            by_unit.setdefault(unit_of(name), set()).add(precision)
+        assert all(len(precisions) == 1 for precisions in by_unit.values())
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_budget_holds_and_no_other_assignment_of_as_few_bits_predicts_less(seed):
+    measured = sensitivity(1, seed)
+    path = upgrade_path(measured)
+    assert path[0].counts() == {"int4": 7} and path[-1].counts() == {"16-bit": 7}
+    assert all(a.avg_bits < b.avg_bits for a, b in itertools.pairwise(path))
+    assert all(a.predicted_log_ratio >= b.predicted_log_ratio for a, b in itertools.pairwise(path))
+    # Every assignment of the layer's five units (q+k+v, o, gate+up, down: 3^4), brute force.
+    units = sorted({unit_of(m.name) for m in measured.modules})
+    by_name = {m.name: m for m in measured.modules}
+    family = FAMILIES["int"]
+    total = sum(m.weights for m in measured.modules)
+    for budget in (4.2, 4.5, 6.0, 9.0):
+        chosen = within_bits(path, budget)
+        assert chosen.avg_bits <= budget
+        best = min(
+            sum(
+                by_name[n].cost[p.name]
+                for n in by_name
+                for u, p in zip(units, pick, strict=True)
+                if unit_of(n) == u
+            )
+            for pick in itertools.product(family, repeat=len(units))
+            if sum(
+                by_name[n].weights * p.bits
+                for n in by_name
+                for u, p in zip(units, pick, strict=True)
+                if unit_of(n) == u
+            )
+            / total
+            <= budget
+        )
+        # The greedy is optimal up to the last unit it could not afford: within one step.
+        steps = [m.predicted_log_ratio for m in path]
+        position = path.index(chosen)
+        floor = steps[position + 1] if position + 1 < len(steps) else steps[-1]
+        assert floor - 1e-12 <= best <= chosen.predicted_log_ratio + 1e-12
+
+
+def test_the_mix_is_one_recipe_with_a_config_group_per_precision():
+    recipe = render(RecipeArgs(preset="W4A16"))
+    mix = within_bits(upgrade_path(sensitivity(2, 1)), 6.0)
+    mixed = mixed_recipe(recipe, mix)
+    gptq = quantizing_modifiers(mixed.yaml)["GPTQModifier"]
+    assert "scheme" not in gptq
+    groups = {g["weights"]["num_bits"]: g for g in gptq["config_groups"].values()}
+    by_precision: dict[str, set[str]] = {}
+    for name, precision in mix.precisions.items():
+        by_precision.setdefault(precision, set()).add(name)
+    assert set(groups[4]["targets"]) == by_precision["int4"]
+    assert set(groups[8]["targets"]) == by_precision.get("int8", set())
+    assert groups[4]["weights"]["group_size"] == 128 and groups[4]["weights"]["symmetric"]
+    assert gptq["ignore"][0] == "lm_head"
+    assert set(gptq["ignore"][1:]) == by_precision.get("16-bit", set())
+    assert mixed.sha256 != recipe.sha256 and "mixed precision:" in mixed.notes[-1]
+    yaml.safe_load(mixed.yaml)  # plain YAML, no anchors
+
+
+def test_budgets_a_recipe_cannot_mix_or_its_family_cannot_reach_are_refused():
+    w4a16 = render(RecipeArgs(preset="W4A16"))
+    check_budget(w4a16, TargetArgs(avg_bits=4.125))
+    with pytest.raises(InputError) as below:
+        check_budget(w4a16, TargetArgs(avg_bits=4.0))
+    assert below.value.field == "target.avg_bits"
+    assert "below what the int family reaches" in below.value.problem
+    assert "at least 4.125" in below.value.fix
+    with pytest.raises(InputError) as unknown:
+        check_budget(render(RecipeArgs(preset="W8A8")), TargetArgs(avg_bits=6))
+    assert "W4A16 or NVFP4A16" in unknown.value.fix
+    with pytest.raises(ValueError):
+        TargetArgs(avg_bits=16.5)
+    # A ratio target: mixed for the presets it knows, the old search for the others.
+    ratio = TargetArgs(max_perplexity_ratio=1.02)
+    assert mixes(w4a16, ratio) and not mixes(render(RecipeArgs(preset="W8A8")), ratio)
+    assert not mixes(w4a16, TargetArgs(max_perplexity_ratio=1.02, method="leave_unquantized"))
+    assert not mixes(w4a16, TargetArgs())
+
+
+def test_sensitivity_ranks_int4_above_int8_on_the_tiny_model(tiny_model):
+    """One pass on random weights: only its shape is checked here (quality: the yardstick)."""
+    from compressflow.reporting.sensitivity import measure_sensitivity
+    from compressflow.results import FetchedModel, HeldOutText
+
+    model = FetchedModel.model_construct(
+        path=str(tiny_model), model_class="AutoModelForCausalLM", trust_remote_code=False
+    )
+    held_out = HeldOutText(
+        source="ids",
+        input_ids=[[1, *range(5, 40)], [1, *range(50, 70)]],
+        excluded_calibration_samples=0,
+    )
+    measured = measure_sensitivity(str(tiny_model), model, held_out, "int", ["lm_head"])
+    assert measured.positions == 35 + 20  # every next-token position of both texts
+    assert measured.base_perplexity > 1
+    names = [m.name for m in measured.modules]
+    assert "lm_head" not in names and len(names) == len(set(names)) > 0
+    for module in measured.modules:
+        assert module.cost["16-bit"] == 0
+        assert 0 <= module.cost["int8"] < module.cost["int4"]
