@@ -358,6 +358,10 @@ class MixedPrecision(BaseModel):
     avg_bits: float = Field(description="Of the published mix: bits per quantizable weight.")
     sensitivity_seconds: float
     points: list[MixPoint]
+    sensitivity: list[ModuleSensitivity] = Field(
+        default_factory=list,
+        description="Each module's measured cost at each precision: what the mix was chosen from.",
+    )
 
 
 class TargetRound(BaseModel):

@@ -28,12 +28,12 @@ from compressflow.logs import run_logger
 from compressflow.recipes.mixed import (
     Mix,
     family_of,
+    frontier,
     mix_not_met,
     mixed_recipe,
     predicted_points,
     quantized_ignore,
     smallest_meeting,
-    upgrade_path,
     within_bits,
 )
 from compressflow.reporting import tracking
@@ -90,7 +90,8 @@ def mix_precision(
     log = run_logger(__name__)
     family = family_of(recipe)
     sensitivity = run(measure, model, held_out, family, quantized_ignore(recipe))
-    path, base = upgrade_path(sensitivity), sensitivity.base_perplexity
+    budgets = sorted({*CHART_BUDGETS, *([target.avg_bits] if target.avg_bits else [])})
+    path, base = frontier(sensitivity, tuple(budgets)), sensitivity.base_perplexity
     limit = target.max_perplexity_ratio
     affordable = (
         [m for m in path if m.avg_bits <= target.avg_bits + 1e-9] if target.avg_bits else path
@@ -144,7 +145,7 @@ def mix_precision(
     for r in search.rounds:
         if chosen is None or r.round != chosen.round:
             remove_staging(Path(outputs[r.round][0].staging_path))
-    points = _points(sensitivity, path, search, target.avg_bits)
+    points = _points(sensitivity, path, search, budgets)
     if chosen is not None:
         search.chosen_round = chosen.round
         search.mix = MixedPrecision(
@@ -153,6 +154,7 @@ def mix_precision(
             avg_bits=chosen.avg_bits,
             sensitivity_seconds=sensitivity.seconds,
             points=points,
+            sensitivity=sensitivity.modules,
         )
     tracking.log_result(search)
     publish_tradeoff(inputs, search, points)
@@ -163,9 +165,8 @@ def mix_precision(
 
 
 def _points(
-    sensitivity: Sensitivity, path: list[Mix], search: TargetSearch, budget: float
+    sensitivity: Sensitivity, path: list[Mix], search: TargetSearch, budgets: list[float]
 ) -> list[MixPoint]:
-    budgets = sorted({*CHART_BUDGETS, *([budget] if budget else [])})
     measured = [
         MixPoint(
             label=f"round {r.round}: mix at {r.avg_bits:.3f} bits (calibrated)",

@@ -4,10 +4,10 @@ From the measured sensitivities (`Sensitivity`: each module's estimated held-out
 precision of its family), modules are grouped into units that vLLM serves as one layer
 (`registries.precisions.FUSED`), and the budget is a multiple-choice knapsack over the units:
 the smallest summed cost for at most `avg_bits` bits per quantizable weight, or the fewest bits
-whose predicted perplexity ratio meets a target. It is solved greedily on each unit's lower
-convex hull of (bits, cost): every unit starts at the family's fewest bits, and upgrades are
-taken in order of cost saved per bit added. The upgrade path is also the trade-off curve the
-run publishes. The chosen mix becomes one recipe: the preset's quantizing modifier with one
+whose predicted perplexity ratio meets a target. It is solved exactly, by dynamic programming
+over the bits (`frontier`), which gives the best mix at every size at once: the trade-off curve
+the run publishes. (A greedy on cost saved per bit stops at the first upgrade that does not fit;
+with int4 groups of 32 and 64 beside int8, it left 0.12 of 4.5 bits unspent on the yardstick.) The chosen mix becomes one recipe: the preset's quantizing modifier with one
 config group per precision naming its modules, and the 16-bit ones in its ignore list.
 """
 
@@ -84,6 +84,12 @@ def unit_of(name: str) -> str:
     return name
 
 
+# The knapsack's resolution: steps between all at the fewest bits and all in 16; and how many
+# evenly spaced sizes the curve is read at (besides each budget asked for).
+STEPS = 4096
+GRID = 128
+
+
 @dataclass
 class _Unit:
     modules: list[str]
@@ -147,38 +153,62 @@ class Mix:
         return counted
 
 
-def upgrade_path(sensitivity: Sensitivity) -> list[Mix]:
-    """Every mix the greedy passes through, from all at the fewest bits to all in 16: each
-    step moves one unit up its hull, the one that saves the most cost per bit added."""
-    units = _units(sensitivity)
-    total_weights = sum(m.weights for m in sensitivity.modules)
-    level = [0] * len(units)
-    hulls = [_hull(u.options) for u in units]
-    steps: list[tuple[float, int]] = []  # (cost saved per bit, unit): every hull edge
-    for index, hull in enumerate(hulls):
-        for a, b in zip(hull, hull[1:], strict=False):
-            (_, b1, c1), (_, b2, c2) = units[index].options[a], units[index].options[b]
-            steps.append(((c1 - c2) / (b2 - b1), index))
-    # Along one hull the savings per bit fall, so sorting keeps each unit's edges in order.
-    steps.sort(key=lambda step: -step[0])
+def frontier(sensitivity: Sensitivity, budgets: tuple[float, ...] = ()) -> list[Mix]:
+    """The best mix (lowest predicted cost) at `GRID` sizes from all at the fewest bits to all in
+    16, and at each of `budgets` (bits per weight), fewest bits first, each with less cost than
+    every smaller one: the trade-off curve the budget is read from.
 
-    def mix() -> Mix:
-        chosen = [u.options[hulls[i][level[i]]] for i, u in enumerate(units)]
+    An exact multiple-choice knapsack by dynamic programming over the bits above each unit's
+    fewest, in `STEPS` steps, every option's bits rounded up to a step: a mix never takes more
+    bits than its budget allows."""
+    import numpy as np
+
+    units = _units(sensitivity)
+    total = sum(m.weights for m in sensitivity.modules)
+    floor = sum(min(bits for _, bits, _ in u.options) for u in units)
+    step = (sum(max(bits for _, bits, _ in u.options) for u in units) - floor) / STEPS
+    # Steps each option takes above its unit's fewest bits, rounded up.
+    needs = [
+        [
+            math.ceil((bits - min(b for _, b, _ in u.options)) / step - 1e-9)
+            for _, bits, _ in u.options
+        ]
+        for u in units
+    ]
+    top = sum(max(need) for need in needs)  # all in 16 bits, after the rounding
+    best = np.zeros(top + 1)  # lowest cost within c steps, over the units so far
+    choices = []
+    for unit, need in zip(units, needs, strict=True):
+        after = np.full(top + 1, np.inf)
+        choice = np.zeros(top + 1, dtype=np.int8)
+        for index, (_, _, cost) in enumerate(unit.options):
+            candidate = np.full(top + 1, np.inf)
+            candidate[need[index] :] = best[: top + 1 - need[index]] + cost
+            better = candidate < after
+            after[better], choice[better] = candidate[better], index
+        best = after
+        choices.append(choice)
+
+    def mix_at(capacity: int) -> Mix:
+        picked = []
+        for unit, need, choice in zip(units[::-1], needs[::-1], choices[::-1], strict=True):
+            index = choice[capacity]
+            capacity -= need[index]
+            picked.append((unit, unit.options[index]))
         return Mix(
-            precisions={
-                name: precision.name
-                for unit, (precision, _, _) in zip(units, chosen, strict=True)
-                for name in unit.modules
-            },
-            avg_bits=sum(bits for _, bits, _ in chosen) / total_weights,
-            predicted_log_ratio=sum(cost for _, _, cost in chosen),
+            precisions={n: p.name for unit, (p, _, _) in picked for n in unit.modules},
+            avg_bits=sum(bits for _, (_, bits, _) in picked) / total,
+            predicted_log_ratio=sum(cost for _, (_, _, cost) in picked),
         )
 
-    path = [mix()]
-    for _, index in steps:
-        level[index] += 1
-        path.append(mix())
-    return path
+    wanted = {round(i * top / GRID) for i in range(GRID + 1)}
+    wanted |= {max(0, min(top, math.floor((b * total - floor) / step))) for b in budgets}
+    found = {(m.avg_bits, m.predicted_log_ratio): m for m in map(mix_at, sorted(wanted))}
+    curve: list[Mix] = []
+    for _, mix in sorted(found.items()):
+        if not curve or mix.predicted_log_ratio < curve[-1].predicted_log_ratio:
+            curve.append(mix)
+    return curve
 
 
 def within_bits(path: list[Mix], avg_bits: float) -> Mix:
@@ -276,6 +306,10 @@ def mixed_recipe(recipe: RenderedRecipe, mix: Mix) -> RenderedRecipe:
         for precision in family:
             if precision.scheme and (names := by_precision.get(precision.name)):
                 scheme = preset_name_to_scheme(precision.scheme, names)
+                if precision.group_size:
+                    scheme.weights = scheme.weights.model_copy(
+                        update={"group_size": precision.group_size}
+                    )
                 groups[f"group_{precision.name}"] = scheme.model_dump(
                     mode="json", exclude_none=True
                 ) | {"targets": names}

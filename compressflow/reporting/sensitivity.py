@@ -33,7 +33,10 @@ def weight_args(precision: Precision):
     """compressed-tensors' QuantizationArgs for the weights of `precision`'s scheme."""
     from compressed_tensors.quantization import preset_name_to_scheme
 
-    return preset_name_to_scheme(precision.scheme, ["Linear"]).weights
+    weights = preset_name_to_scheme(precision.scheme, ["Linear"]).weights
+    if precision.group_size:
+        return weights.model_copy(update={"group_size": precision.group_size})
+    return weights
 
 
 def round_to_nearest(weight, args):

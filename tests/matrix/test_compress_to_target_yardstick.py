@@ -65,6 +65,7 @@ def test_the_smallest_mix_that_meets_a_target_is_published_and_an_unmeetable_one
             target=TargetArgs(
                 max_perplexity_ratio=ratio,
                 max_rounds=rounds,
+                method="leave_unquantized",  # mixed precision: test_mixed_precision_yardstick.py
                 held_out=HeldOutArgs(
                     dataset_name=str(yardstick.held_out),
                     samples=HELD_OUT_TEXTS,

@@ -314,7 +314,8 @@ def validate_params(model: Path | str, root: Path, **groups: dict) -> dict[str, 
         "recipe": {"recipe": "W4A16"},
         "output": {"save_directory": str(root / "out")},
     }
-    return {name: {**value, **groups.get(name, {})} for name, value in base.items()}
+    merged = {name: {**value, **groups.get(name, {})} for name, value in base.items()}
+    return {**merged, **{name: value for name, value in groups.items() if name not in base}}
 
 
 # ---------------------------------------------------------------- file mutations
@@ -871,6 +872,7 @@ class RecipeCase:
     recipe: dict
     file: str | None = None  # recipe text written to this file in the case's folder, named instead
     raw: str | None = None  # the recipe is RAW_RECIPES[raw]
+    target: dict | None = None  # a quality target or bits budget the recipe must be able to meet
 
     def prepare(self, env: FuzzEnv, root: Path) -> tuple[dict, list[Path]]:
         recipe = dict(self.recipe)
@@ -880,7 +882,20 @@ class RecipeCase:
             path = root / self.file
             path.write_text(recipe.pop("text"))
             recipe["recipe"] = str(path)
-        return validate_params(env.shared, root, recipe=recipe), [root, env.shared]
+        target = {"target": self.target} if self.target is not None else {}
+        return validate_params(env.shared, root, recipe=recipe, **target), [root, env.shared]
+
+
+# A target beside the recipe: budgets below or above what a family reaches, methods that do
+# not exist, ratios that are gains, and values of the wrong type.
+TARGET_VALUES = {
+    "avg_bits": [0, 3.9, 4.125, 4.5, 6, 16, 16.5, -1, float("nan"), float("inf"), "4.5", "x", True],
+    "max_perplexity_ratio": [0, 0.5, 1.02, 10.5, float("nan")],
+    "method": ["auto", "mixed_precision", "leave_unquantized", "knapsack", ""],
+}
+targets = st.none() | st.fixed_dictionaries(
+    {}, optional={name: st.sampled_from(values) for name, values in TARGET_VALUES.items()}
+)
 
 
 def _preset_tree(name: str) -> dict:
@@ -1042,9 +1057,9 @@ def recipe_cases(draw) -> RecipeCase:
                 max_size=2,
             )
         )
-        return RecipeCase({"recipe": preset, "recipe_args": args})
+        return RecipeCase({"recipe": preset, "recipe_args": args}, target=draw(targets))
     if form == "raw":
-        return RecipeCase({}, raw=draw(st.sampled_from(sorted(RAW_RECIPES))))
+        return RecipeCase({}, raw=draw(st.sampled_from(sorted(RAW_RECIPES))), target=draw(targets))
     tree = _preset_tree(
         draw(st.sampled_from(["W4A16", "W8A8", "FP8_DYNAMIC", "W4AFP8", "NVFP4A16"]))
     )
@@ -1082,7 +1097,7 @@ def recipe_cases(draw) -> RecipeCase:
     recipe = {"text": text} if form == "file" else {"recipe": text}
     if args:
         recipe["recipe_args"] = args
-    return RecipeCase(recipe, file="recipe.yaml" if form == "file" else None)
+    return RecipeCase(recipe, file="recipe.yaml" if form == "file" else None, target=draw(targets))
 
 
 # ---------------------------------------------------------------- data files

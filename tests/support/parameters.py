@@ -4,7 +4,7 @@ fixture), for the unit tests of the checks and the CLI's own process."""
 from __future__ import annotations
 
 
-def params(models, tmp_path, model=None, dataset=None, recipe=None, output=None):
+def params(models, tmp_path, model=None, dataset=None, recipe=None, output=None, target=None):
     return dict(
         model={"model_id": models["plain"], **(model or {})},
         dataset={
@@ -15,4 +15,5 @@ def params(models, tmp_path, model=None, dataset=None, recipe=None, output=None)
         },
         recipe={"recipe": "W4A16", **(recipe or {})},
         output={"save_directory": str(tmp_path / "out"), **(output or {})},
+        **({"target": target} if target else {}),
     )

@@ -15,7 +15,13 @@ import pytest
 from pydantic import ValidationError
 from support.parameters import params
 
-from compressflow.errors import DatasetError, ModelFetchError, PublishError, RecipeError
+from compressflow.errors import (
+    DatasetError,
+    InputError,
+    ModelFetchError,
+    PublishError,
+    RecipeError,
+)
 from compressflow.flows import cli as cli_module
 from compressflow.flows.cli import main as cli
 from compressflow.flows.cli import quiet
@@ -97,6 +103,16 @@ CASES = {
         {"recipe": {"recipe": "W8A8", "recipe_args": {"smoothing_strength": 3}}},
         RecipeError,
         ["smoothing_strength", "[0.0, 1.0]"],
+    ),
+    "bits budget below the scheme family": (
+        {"target": {"avg_bits": 3.5}},
+        InputError,
+        ["target.avg_bits", "int4", "at least 4.125"],
+    ),
+    "bits budget on a recipe that cannot mix": (
+        {"recipe": {"recipe": "W8A8"}, "target": {"avg_bits": 6}},
+        InputError,
+        ["mixed precision", "W4A16 or NVFP4A16"],
     ),
     "unknown dataset shortcut": (
         {"dataset": {"dataset_name": "wikitxt"}},
