@@ -31,7 +31,7 @@ define install
 endef
 
 $(STAMP): pyproject.toml
-	$(call install,$(VENV),-e '.[test]')
+	$(call install,$(VENV),-e '.[test,eval]')
 	touch $(STAMP)
 
 # vLLM in an environment of its own, as in production the serving image is not the compression
