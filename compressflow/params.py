@@ -584,6 +584,12 @@ class QualityGate(_Args):
         ge=0,
         description="Largest allowed mean KL(base || compressed) per token, in nats (0: no limit).",
     )
+    min_lm_eval_recovery_pct: float = Field(
+        default=0,
+        ge=0,
+        description="Smallest allowed recovery of each lm-eval metric, in percent of the base "
+        "model's score (inverted for perplexities; 100: no loss), e.g. 95 (0: no limit).",
+    )
     on_threshold: Literal["fail", "flag"] = Field(
         default="fail",
         description="fail: the run fails when a limit is passed. flag: it completes, with "
@@ -594,10 +600,23 @@ class QualityGate(_Args):
 class LmEvalArgs(_Args):
     tasks: list[str] = Field(
         default_factory=list,
-        description="lm-eval-harness task names (e.g. hellaswag) run on both models; needs "
-        "lm-eval installed on the worker and the tasks' datasets reachable.",
+        description="lm-eval-harness tasks run on both models: lm-eval's own names (e.g. "
+        "hellaswag; their datasets come from the hub, so an offline worker refuses them), or "
+        "ours, which run offline on held_out_file: compressflow_code_perplexity (word "
+        "perplexity) and compressflow_next_line (which of four lines comes next).",
     )
     limit: int = Field(default=0, ge=0, description="Examples per lm-eval task (0: all of them).")
+    held_out_file: str = Field(
+        default="",
+        description="JSON-lines file of {'text': ...} rows our tasks are built from (the "
+        "yardstick's held_out.jsonl is one); needed by compressflow_* tasks only.",
+    )
+    timeout_minutes: float = Field(
+        default=60,
+        ge=0,
+        description="Stop lm-eval on a model after this many minutes (0: no limit). It runs in "
+        "a process of its own, so stopping it ends it and returns its memory.",
+    )
 
 
 # sweep-recipe

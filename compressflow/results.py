@@ -578,6 +578,16 @@ class PublishedModel(BaseModel):
 # evaluate
 
 
+class LmEvalScores(BaseModel):
+    """One model's lm-eval-harness figures (the run_lm_eval stage)."""
+
+    backend: str = Field(description="lm-eval's model backend that ran: 'hf' (transformers).")
+    lm_eval_version: str
+    metrics: dict[str, float] = Field(description="{'<task>/<metric>': value}.")
+    higher_is_better: dict[str, bool] = Field(description="Per metric: whether higher is better.")
+    seconds: float = Field(description="Loading the model and running every task.")
+
+
 class EvaluationReport(BaseModel):
     """What evaluate-model returns. It lives here, not in the flow module: a worker loads the flow
     file by path (as module `evaluate`), and a result pickled from there would not unpickle
@@ -591,6 +601,14 @@ class EvaluationReport(BaseModel):
     metrics: QualityMetrics
     lm_eval: dict[str, dict[str, float]] = Field(
         default_factory=dict, description="{'base' | 'compressed': {'<task>/<metric>': value}}."
+    )
+    lm_eval_backend: str | None = Field(
+        default=None, description="lm-eval's backend that scored both models; None: not run."
+    )
+    lm_eval_recovery: dict[str, float] = Field(
+        default_factory=dict,
+        description="{'<task>/<metric>': recovery %}: compressed over base, base over compressed "
+        "for metrics better lower (perplexities), so 100 is no loss.",
     )
     breaches: list[str] = Field(description="Thresholds passed; empty when within limits.")
     passed: bool

@@ -4,7 +4,8 @@ Given the compressed model (the path or ClearML id compress-model published) and
 it scores both on the same held-out text (perplexity of each, KL divergence of their next-token
 distributions, top-1 agreement; see compressflow/reporting/quality.py), logs them to ClearML and as a Prefect
 table artifact, and fails or flags the run when the loss passes the gate's thresholds. lm-eval
-tasks run on both models as well when asked for and lm-eval is installed on the worker.
+tasks (users' own, and the project's offline ones on a held-out file) run on both models as
+well when asked for, each metric with its recovery, which the gate can hold to a minimum.
 
 The evaluate-model deployment in prefect.yaml is triggered by `compressflow.model.published`
 (compressflow/runtime/events.py), which fills `compressed` and `base` from the event's payload.
@@ -12,6 +13,7 @@ The evaluate-model deployment in prefect.yaml is triggered by `compressflow.mode
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Literal
 
@@ -38,6 +40,7 @@ from compressflow.reporting.artifacts import (
     significant,
     significant_text,
 )
+from compressflow.reporting.harness import recovery, recovery_breaches
 from compressflow.reporting.lineage import (
     checkpoint_asset,
     current_parameters,
@@ -48,13 +51,13 @@ from compressflow.reporting.lineage import (
 from compressflow.reporting.model_card import CARD, add_evaluation, evaluation_section
 from compressflow.reporting.quality import breaches
 from compressflow.reporting.tracking import track_flow_run
-from compressflow.results import EvaluationReport
+from compressflow.results import EvaluationReport, FetchedModel, LmEvalScores
 from compressflow.runtime.stages import Stages, boundary
-from compressflow.store.manifest import Manifest, read_manifest
+from compressflow.store.manifest import Manifest, read_manifest, replace_manifest
 from compressflow.tasks.build_held_out import build_held_out
 from compressflow.tasks.compare_models import compare_models
 from compressflow.tasks.fetch_model import fetch_model, resolve_compressed
-from compressflow.tasks.run_lm_eval import check_lm_eval, run_lm_eval
+from compressflow.tasks.run_lm_eval import check_lm_eval, run_lm_eval, write_own_tasks
 
 
 def metric_rows(report: EvaluationReport, gate: QualityGate) -> list[dict]:
@@ -86,17 +89,34 @@ def metric_rows(report: EvaluationReport, gate: QualityGate) -> list[dict]:
             "limit": "",
         },
     ]
+    least = gate.min_lm_eval_recovery_pct
     for name, value in report.lm_eval.get("compressed", {}).items():
+        recovered = report.lm_eval_recovery.get(name)
         rows.append(
             {
-                "metric": f"lm-eval {name}",
+                "metric": f"lm-eval {name} ({report.lm_eval_backend})",
                 "base": significant(report.lm_eval.get("base", {}).get(name)),
                 "compressed": significant(value),
-                "change": "",
-                "limit": "",
+                "change": "" if recovered is None else f"recovery {recovered:.1f}%",
+                "limit": f"min recovery: {least:g}%" if least else "",
             }
         )
     return rows
+
+
+def lm_eval_scores(
+    stages: Stages, args: LmEvalArgs, base: FetchedModel, compressed_path: Path
+) -> dict[str, LmEvalScores]:
+    """lm-eval's tasks on the base model, then on the compressed one; {} when none asked."""
+    if not args.tasks:
+        return {}
+    timed = run_lm_eval.with_options(timeout_seconds=args.timeout_minutes * 60 or None)
+    with tempfile.TemporaryDirectory(prefix="compressflow-lm-eval-") as folder:
+        include_path = write_own_tasks(args, Path(folder))
+        return {
+            which: stages.run(timed, which, path, base, args, include_path)
+            for which, path in (("base", base.path), ("compressed", str(compressed_path)))
+        }
 
 
 def evaluation_key(base: ModelArgs, manifest: Manifest | None) -> str:
@@ -136,7 +156,7 @@ def evaluate(
         engine: What scores both models: transformers, or vLLM (the server users deploy to;
             needs the worker's vLLM environment, and reports no KL divergence).
     """
-    check_lm_eval(lm_eval.tasks)
+    check_lm_eval(lm_eval)
     require_vllm("engine", engine == "vllm", "set engine to transformers")
     compressed_path = resolve_compressed(compressed)
     manifest = read_manifest(compressed_path)
@@ -184,14 +204,11 @@ def evaluate(
             by="compressflow",
         )
         metrics = stages.run(compare, fetched, str(compressed_path), text, engine)
-        scores = {
-            name: stages.run(
-                run_lm_eval, path, lm_eval.tasks, lm_eval.limit or None, base.trust_remote_code
-            )
-            for name, path in (("base", fetched.path), ("compressed", str(compressed_path)))
-            if lm_eval.tasks
-        }
-        found = breaches(metrics, gate.max_perplexity_increase_pct, gate.max_kl)
+        scores = lm_eval_scores(stages, lm_eval, fetched, compressed_path)
+        recovered = recovery(scores["base"], scores["compressed"]) if scores else {}
+        found = breaches(
+            metrics, gate.max_perplexity_increase_pct, gate.max_kl
+        ) + recovery_breaches(recovered, gate.min_lm_eval_recovery_pct)
         report = EvaluationReport(
             compressed_path=str(compressed_path),
             base_identity=fetched.identity,
@@ -199,7 +216,9 @@ def evaluate(
             held_out_source=text.source,
             excluded_calibration_samples=text.excluded_calibration_samples,
             metrics=metrics,
-            lm_eval=scores,
+            lm_eval={which: scored.metrics for which, scored in scores.items()},
+            lm_eval_backend=scores["base"].backend if scores else None,
+            lm_eval_recovery=recovered,
             breaches=found,
             passed=not found,
         )
@@ -209,9 +228,11 @@ def evaluate(
         for name in ("perplexity_increase_pct", "kl_divergence", "top1_agreement"):
             if getattr(metrics, name) is not None:
                 tracker.single(name, getattr(metrics, name))
-        for model, values in scores.items():
-            for name, value in values.items():
+        for model, scored in scores.items():
+            for name, value in scored.metrics.items():
                 tracker.scalar(f"lm-eval {name}", model, value)
+        for name, value in recovered.items():
+            tracker.scalar("lm-eval recovery %", name, value)
         tracker.table("evaluation", rows)
         verdict = "within limits" if report.passed else "OVER LIMITS: " + "; ".join(found)
         tracker.text(f"Quality gate ({gate.on_threshold}): {verdict}")
@@ -226,6 +247,8 @@ def evaluate(
     section = evaluation_section(report, base.model_id, engine)
     if given_as_folder and add_evaluation(compressed_path, section):
         run_logger(__name__).info("Added the evaluation to %s", compressed_path / CARD)
+    if given_as_folder and manifest is not None:  # beside the card: every figure, readable
+        replace_manifest(compressed_path, manifest.model_copy(update={"evaluation": report}))
     apply_gate(found, compressed_path, gate)
     return report
 
@@ -240,7 +263,8 @@ def apply_gate(found: list[str], compressed_path: Path, gate: QualityGate) -> No
             "gate",
             message,
             "use a gentler recipe (more calibration samples, a wider scheme) or, if the loss is "
-            "acceptable, raise gate.max_perplexity_increase_pct / gate.max_kl or set "
+            "acceptable, raise gate.max_perplexity_increase_pct / gate.max_kl, lower "
+            "gate.min_lm_eval_recovery_pct or set "
             "gate.on_threshold to flag",
         )
     run_logger(__name__).warning("Flagged: %s", message)

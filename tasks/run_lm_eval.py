@@ -1,41 +1,90 @@
-"""lm-eval: runs lm-eval-harness tasks on a model, when the worker has lm-eval installed."""
+"""lm-eval: runs lm-eval-harness tasks on a model, in a child process, within a time limit.
+
+The Prefect face of the stage: the tasks, their refusals and the run live in
+compressflow/reporting/harness.py. `check_lm_eval` runs before any model loads; `write_own_tasks`
+writes the project's offline tasks for the run; `run_lm_eval` scores one model (the flow calls
+it for the base and for the compressed model), with lm-eval's log lines as progress.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from compressflow.errors import InputError
+from compressflow.errors import InputError, StageTimedOut
+from compressflow.logs import run_logger
+from compressflow.params import LmEvalArgs
+from compressflow.reporting.harness import (
+    OWN_TASKS,
+    evaluate,
+    held_out_texts,
+    hub_refusals,
+    write_tasks,
+)
+from compressflow.results import FetchedModel, LmEvalScores
+from compressflow.runtime.isolation import in_child
 
 
-def check_lm_eval(tasks: list[str]) -> None:
-    """Fail before any model loads when lm-eval tasks are asked for but lm-eval is missing."""
-    if tasks and importlib.util.find_spec("lm_eval") is None:
+def check_lm_eval(args: LmEvalArgs) -> None:
+    """Refuse, before any model loads, lm-eval tasks this worker cannot run: lm-eval missing,
+    our tasks without their held-out file, a task lm-eval does not know or that needs the hub
+    on a worker without it."""
+    if not args.tasks:
+        return
+    if importlib.util.find_spec("lm_eval") is None:
         raise InputError(
             "lm_eval.tasks",
-            f"lm-eval tasks {tasks} were requested but lm-eval is not installed on this worker",
-            "pip install lm-eval on the worker, or leave lm_eval.tasks empty",
+            f"lm-eval tasks {args.tasks} were requested but lm-eval is not installed on this "
+            "worker",
+            "install the eval extra on the worker (pip install 'compressflow[eval]'), or leave "
+            "lm_eval.tasks empty",
         )
+    if any(t in OWN_TASKS for t in args.tasks):
+        if not args.held_out_file:
+            raise InputError(
+                "lm_eval.held_out_file",
+                f"{', '.join(t for t in args.tasks if t in OWN_TASKS)} are built from a held-out "
+                "file, and none was given",
+                "set lm_eval.held_out_file to a JSON-lines file of {'text': ...} rows (the "
+                "yardstick's held_out.jsonl is one)",
+            )
+        held_out_texts(Path(args.held_out_file))
+    # lm-eval's task index and datasets' cache: read in a child, the flow's process stays light.
+    in_child(hub_refusals, args.tasks, None)
+
+
+def write_own_tasks(args: LmEvalArgs, folder: Path) -> str | None:
+    """The include_path holding our tasks for this run, written into `folder`; None when none
+    of ours was asked for."""
+    if not any(t in OWN_TASKS for t in args.tasks):
+        return None
+    return str(write_tasks(Path(args.held_out_file), folder))
 
 
 @task(name="lm-eval", cache_policy=NO_CACHE)
 def run_lm_eval(
-    path: str, tasks: list[str], limit: int | None, trust_remote_code: bool
-) -> dict[str, float]:
-    """lm-eval-harness `tasks` on the model at `path`: {'<task>/<metric>': value}."""
-    import lm_eval
-
-    results = lm_eval.simple_evaluate(
-        model="hf",
-        model_args={"pretrained": path, "trust_remote_code": trust_remote_code},
-        tasks=tasks,
-        limit=limit,
+    which: str, path: str, model: FetchedModel, args: LmEvalArgs, include_path: str | None
+) -> LmEvalScores:
+    """lm-eval-harness `args.tasks` on the `which` model ('base' or 'compressed') at `path`."""
+    log = run_logger(__name__)
+    log.info("lm-eval on the %s model (%s): %s", which, path, ", ".join(args.tasks))
+    try:
+        scores = in_child(evaluate, path, model, args.tasks, args.limit or None, include_path)
+    except TimeoutError as exc:  # the task's own limit, set by the flow from timeout_minutes
+        raise StageTimedOut(
+            "lm_eval.timeout_minutes",
+            f"lm-eval on the {which} model ran past {args.timeout_minutes:g} min and was stopped",
+            "raise lm_eval.timeout_minutes (0: no limit), or set lm_eval.limit to score fewer "
+            "examples per task",
+        ) from exc
+    log.info(
+        "lm-eval on the %s model (backend %s, %.1f s): %s",
+        which,
+        scores.backend,
+        scores.seconds,
+        ", ".join(f"{name} {value:.4g}" for name, value in scores.metrics.items()),
     )
-    return {
-        f"{name}/{metric}": float(value)
-        for name, values in results["results"].items()
-        for metric, value in values.items()
-        if isinstance(value, (int, float)) and not isinstance(value, bool)
-    }
+    return scores

@@ -281,8 +281,11 @@ def evaluation_section(report: EvaluationReport, base_id: str, engine: str) -> s
     ]
     base = report.lm_eval.get("base", {})
     for name, value in report.lm_eval.get("compressed", {}).items():
-        recovery = f"{100 * value / base[name]:.1f}%" if base.get(name) else ""
-        rows.append(f"| lm-eval {name} | {base.get(name, '')} | {value:.4g} | {recovery} |")
+        recovered = report.lm_eval_recovery.get(name)
+        rows.append(
+            f"| lm-eval {name} ({report.lm_eval_backend}) | {base.get(name, 0):.4g} | "
+            f"{value:.4g} | {'' if recovered is None else f'{recovered:.1f}%'} |"
+        )
     verdict = "within the gate" if report.passed else "OVER THE GATE: " + "; ".join(report.breaches)
     return (
         f"{EVALUATION_START}\n## Evaluation\n\n"

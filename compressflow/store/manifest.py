@@ -34,6 +34,7 @@ from compressflow.params import (
     OutputArgs,
 )
 from compressflow.results import (
+    EvaluationReport,
     FetchedModel,
     LayerTime,
     MemoryPlan,
@@ -100,6 +101,11 @@ class Manifest(BaseModel):
         default=None,
         description="Compress to a target: each round's modules left unquantized, held-out "
         "perplexity ratio and size, and the round published.",
+    )
+    evaluation: EvaluationReport | None = Field(
+        default=None,
+        description="The latest evaluate-model run on this folder: its metrics, lm-eval "
+        "scores with their recovery and backend, and the gate's verdict.",
     )
     files: list[str] | None = Field(
         default=None,

@@ -242,11 +242,13 @@ def test_evaluation_rows_are_rounded_with_units():
 
 def test_evaluation_rows_without_limits_and_with_lm_eval():
     scores = report(base={"hellaswag/acc": 0.45678912}, compressed={"hellaswag/acc": 0.4412345})
-    gate = QualityGate(max_perplexity_increase_pct=0, max_kl=0)
+    scores.lm_eval_backend, scores.lm_eval_recovery = "hf", {"hellaswag/acc": 96.5964}
+    gate = QualityGate(max_perplexity_increase_pct=0, max_kl=0, min_lm_eval_recovery_pct=95)
     rows = {r["metric"]: r for r in metric_rows(scores, gate)}
     assert rows["perplexity"]["limit"] == "none"
-    assert rows["lm-eval hellaswag/acc"]["base"] == 0.4568
-    assert rows["lm-eval hellaswag/acc"]["compressed"] == 0.4412
+    row = rows["lm-eval hellaswag/acc (hf)"]
+    assert (row["base"], row["compressed"]) == (0.4568, 0.4412)
+    assert (row["change"], row["limit"]) == ("recovery 96.6%", "min recovery: 95%")
 
 
 def test_verification_artifact_rounds_its_figures():
