@@ -7,14 +7,14 @@ or flag the run as asked.
 
 from __future__ import annotations
 
-import importlib.util
+import inspect
 import json
 import math
 from pathlib import Path
 
 import pytest
 
-from compressflow.errors import InputError, ModelFetchError, QualityThresholdExceeded
+from compressflow.errors import ModelFetchError, QualityThresholdExceeded
 from compressflow.flows.evaluate import evaluate
 from compressflow.params import (
     DatasetArgs,
@@ -24,6 +24,7 @@ from compressflow.params import (
     QualityGate,
 )
 from compressflow.reporting.artifacts import artifact_key
+from compressflow.reporting.harness import NEXT_LINE_TASK, OWN_TASKS, PERPLEXITY_TASK
 from compressflow.store.manifest import read_manifest
 from compressflow.tasks.build_held_out import build_held_out
 from compressflow.tasks.fetch_model import fetch
@@ -137,8 +138,31 @@ def test_missing_compressed_model_fails_before_loading():
         evaluate(compressed=ModelArgs(model_id="/nowhere/model"))
 
 
-def test_lm_eval_tasks_without_lm_eval_fail_before_loading(compressed):
-    if importlib.util.find_spec("lm_eval"):
-        pytest.skip("lm-eval is installed here")
-    with pytest.raises(InputError, match="lm-eval is not installed"):
-        evaluate(compressed=ModelArgs(model_id=compressed), lm_eval=LmEvalArgs(tasks=["hellaswag"]))
+def test_lm_eval_runs_our_offline_tasks_on_both_models_and_the_gate_holds_their_recovery(
+    compressed, tmp_path
+):
+    # Held-out code as the yardstick cuts it (windows of a file, the last line cut), from a
+    # module of the standard library the tiny model's tokenizer was not trained on.
+    lines = inspect.getsource(json.decoder).splitlines()
+    texts = ["\n".join(lines[i : i + 9]) + "\n    xy" for i in range(0, 9 * 12, 9)]
+    held_out = tmp_path / "held_out.jsonl"
+    held_out.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    tasks = LmEvalArgs(tasks=list(OWN_TASKS), limit=8, held_out_file=str(held_out))
+    gate = QualityGate(min_lm_eval_recovery_pct=1000, on_threshold="flag")  # none can pass
+
+    report = evaluate(
+        compressed=ModelArgs(model_id=compressed), held_out=FEW, lm_eval=tasks, gate=gate
+    )
+
+    assert report.lm_eval_backend == "hf"
+    named = {f"{NEXT_LINE_TASK}/acc", f"{PERPLEXITY_TASK}/word_perplexity"}
+    assert named <= set(report.lm_eval["base"]) == set(report.lm_eval["compressed"])
+    assert set(report.lm_eval_recovery) == set(report.lm_eval["compressed"])
+    assert all(math.isfinite(pct) and pct > 0 for pct in report.lm_eval_recovery.values())
+    assert not report.passed and len(report.breaches) == len(report.lm_eval_recovery)
+    assert read_manifest(Path(compressed)).evaluation.lm_eval == report.lm_eval
+    card = Path(compressed, "README.md").read_text()
+    pct = report.lm_eval_recovery[f"{NEXT_LINE_TASK}/acc"]
+    assert f"| lm-eval {NEXT_LINE_TASK}/acc (hf) |" in card and f"| {pct:.1f}% |" in card
+    session = Path(report.tracking.split(": ", 1)[1].split(";")[0])
+    assert "lm-eval recovery %" in (session / "metrics.jsonl").read_text()
