@@ -4,8 +4,9 @@ Starts the end-to-end stack the tests use (a real `prefect server`, the README's
 a worker), runs the `compress` deployment on the demo's learned-weights model (the yardstick,
 shared with `make demo` under .demo/, so its figures are real), and photographs with Debian's
 headless `chromium` (no driver, no Python browser package): the Custom run form, the finished
-run's page, its summary and verification artifacts (with vLLM's verdict when `make vllm-env`
-built vLLM), the Artifacts page, and evaluate-model's run form. The PNGs land in docs/screenshots/.
+run's page, its summary, verification and trade-off artifacts (with vLLM's verdict when `make
+vllm-env` built vLLM; the run has a 4.5-bit budget), the Artifacts page, and evaluate-model's run
+form. The PNGs land in docs/screenshots/.
 """
 
 from __future__ import annotations
@@ -90,6 +91,15 @@ def main() -> None:
                         },
                         "recipe": {"preset": "W4A16"},
                         "output": {"tags": ["demo"]},
+                        # A bits budget: the run also shows the trade-off it chose from.
+                        "target": {
+                            "avg_bits": 4.5,
+                            "held_out": {
+                                "dataset_name": str(yardstick.held_out.resolve()),
+                                "samples": 64,
+                                "max_seq_len": yardstick.spec.seq_len,
+                            },
+                        },
                     },
                 )
                 final = wait_final(client, stack, run.id, timeout=600)
@@ -100,7 +110,7 @@ def main() -> None:
                 time.sleep(2)  # the artifacts are written by the worker's run: let them land
                 shoot(f"{ui}/runs/flow-run/{run.id}", OUT / "run.png", 1100)
                 shoot(f"{ui}/artifacts", OUT / "artifacts-page.png", 900)
-                for kind in ("summary", "verification"):
+                for kind in ("summary", "verification", "tradeoff"):
                     found = next(
                         a
                         for a in client.read_artifacts()

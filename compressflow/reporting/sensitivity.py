@@ -3,15 +3,20 @@
 Measured once, in one pass over the held-out text with the model loaded once and its weights
 frozen: per sample, one forward and one backward. For each module the pass keeps its input x and
 the loss's gradient g at its output. Quantizing the weights W to W' moves the output by
-dy = x (W' - W)^T; to second order the summed loss moves by 1/2 sum(g^2 dy^2) over positions and
-output features (the diagonal of the empirical Fisher). Summed over the samples and divided by
-the held-out positions, it estimates how much that module alone raises the mean log-likelihood,
-the log of the perplexity ratio, so modules add up and the estimates predict a whole mix.
+dy = x (W' - W)^T, and the summed loss, to second order, by sum(g dy) + 1/2 sum(g^2 dy^2) over
+positions and output features (the gradient, and the diagonal of the empirical Fisher). Summed
+over the samples and divided by the held-out positions, it estimates how much that module alone
+raises the mean log-likelihood, the log of the perplexity ratio, so modules add up and the
+estimates predict a whole mix.
 
-Unlike GPTQ's error, which weighs a module's output error equally wherever it lands, g weighs it
-by what it does to the next-token loss: a large error in a direction the rest of the model
-ignores costs little. W' is round-to-nearest with compressed-tensors' own arithmetic and the
-scheme's weight arguments, the worst case calibration improves on.
+The first-order term is not noise: on text a model was not trained on, its loss is not at a
+minimum, and the rounding's direction matters. On the yardstick, against each module's measured
+effect (round-to-nearest int4 on that module alone, 64 held-out texts), the second-order term
+alone ranked the 42 modules with a Spearman correlation of 0.30; with the gradient term, 0.975.
+GPTQ's error ranks by the local reconstruction error, with neither.
+
+W' is round-to-nearest with compressed-tensors' own arithmetic and the scheme's weight arguments,
+the worst case calibration improves on.
 """
 
 from __future__ import annotations
@@ -71,7 +76,8 @@ def quantizable(model, ignore: list[str]) -> list[tuple[str, object]]:
 
 
 class _Accumulator:
-    """Hooks that add each module's 1/2 sum(g^2 dy^2) per precision as the backward passes it.
+    """Hooks that add each module's sum(g dy) + 1/2 sum(g^2 dy^2) per precision as the backward
+    passes it.
 
     Inputs and squared gradients wait in a buffer until it holds `BUFFER_BYTES`, so that each
     module is rounded to each precision once per buffer, not once per sample."""
@@ -94,7 +100,7 @@ class _Accumulator:
 
     def _keep(self, name: str, x, grad) -> None:
         x2 = x.reshape(-1, x.shape[-1]).float()
-        g2 = grad.detach().reshape(-1, grad.shape[-1]).float().pow(2)
+        g2 = grad.detach().reshape(-1, grad.shape[-1]).float()
         self.waiting[name].append((x2, g2))
         self.bytes += x2.nbytes + g2.nbytes
         if self.bytes > BUFFER_BYTES:
@@ -108,11 +114,12 @@ class _Accumulator:
                 if not pairs:
                     continue
                 weight = self.modules[name].weight
-                x2 = torch.cat([x for x, _ in pairs])
-                g2 = torch.cat([g for _, g in pairs])
+                x = torch.cat([x for x, _ in pairs])
+                g = torch.cat([g for _, g in pairs])
                 for precision, args in self.args:
-                    moved = x2 @ (round_to_nearest(weight, args) - weight.float()).T
-                    self.costs[name][precision.name] += 0.5 * (g2 * moved.pow(2)).sum().item()
+                    moved = x @ (round_to_nearest(weight, args) - weight.float()).T
+                    change = (g * moved).sum() + 0.5 * (g.pow(2) * moved.pow(2)).sum()
+                    self.costs[name][precision.name] += change.item()
                 pairs.clear()
         self.bytes = 0
 

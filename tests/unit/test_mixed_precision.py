@@ -169,4 +169,5 @@ def test_sensitivity_ranks_int4_above_int8_on_the_tiny_model(tiny_model):
     assert "lm_head" not in names and len(names) == len(set(names)) > 0
     for module in measured.modules:
         assert module.cost["16-bit"] == 0
-        assert 0 <= module.cost["int8"] < module.cost["int4"]
+        # Signed (the gradient term can favour a rounding), and smaller with more bits.
+        assert abs(module.cost["int8"]) < abs(module.cost["int4"])
