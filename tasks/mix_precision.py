@@ -27,11 +27,12 @@ from compressflow.inputs import Inputs
 from compressflow.logs import run_logger
 from compressflow.recipes.mixed import (
     Mix,
+    chart_points,
+    describe_mix,
     family_of,
     frontier,
     mix_not_met,
     mixed_recipe,
-    predicted_points,
     quantized_ignore,
     smallest_meeting,
     within_bits,
@@ -145,7 +146,7 @@ def mix_precision(
     for r in search.rounds:
         if chosen is None or r.round != chosen.round:
             remove_staging(Path(outputs[r.round][0].staging_path))
-    points = _points(sensitivity, path, search, budgets)
+    points = chart_points(sensitivity, path, search.rounds, budgets)
     if chosen is not None:
         search.chosen_round = chosen.round
         search.mix = MixedPrecision(
@@ -162,33 +163,6 @@ def mix_precision(
         raise mix_not_met(search)
     calibration, mixed, _ = outputs[chosen.round]
     return calibration, mixed, search
-
-
-def _points(
-    sensitivity: Sensitivity, path: list[Mix], search: TargetSearch, budgets: list[float]
-) -> list[MixPoint]:
-    measured = [
-        MixPoint(
-            label=f"round {r.round}: mix at {r.avg_bits:.3f} bits (calibrated)",
-            avg_bits=r.avg_bits,
-            perplexity=r.perplexity,
-            measured=True,
-        )
-        for r in search.rounds
-    ]
-    base = sensitivity.base_perplexity
-    base_point = MixPoint(label="base model", avg_bits=16.0, perplexity=base, measured=True)
-    return [base_point, *predicted_points(sensitivity, path, budgets), *measured]
-
-
-def describe_mix(r: TargetRound, mix: Mix, limit: float) -> str:
-    counts = ", ".join(f"{n} {p}" for p, n in mix.counts().items())
-    verdict = f" (target {limit}) {'met' if r.met else 'missed'}" if limit else ""
-    return (
-        f"round {r.round}: mixed precision {counts}, {r.avg_bits:.3f} bits per weight, "
-        f"perplexity {r.perplexity:.4f}, ratio {r.ratio:.4f}, predicted {r.predicted_ratio:.4f}"
-        f"{verdict}, {r.size_bytes / 1e6:.1f} MB"
-    )
 
 
 def publish_tradeoff(inputs: Inputs, search: TargetSearch, points: list[MixPoint]) -> None:

@@ -24,7 +24,13 @@ from compressflow.errors import InputError, TargetNotMet
 from compressflow.params import TargetArgs
 from compressflow.recipes.tree import add_ignore, dump_recipe, iter_modifiers, quantizes
 from compressflow.registries.precisions import EXPERTS, FAMILIES, FUSED, MIXABLE, Precision
-from compressflow.results import MixPoint, RenderedRecipe, Sensitivity, TargetSearch
+from compressflow.results import (
+    MixPoint,
+    RenderedRecipe,
+    Sensitivity,
+    TargetRound,
+    TargetSearch,
+)
 
 BITS_FIELD = "target.avg_bits"
 RATIO_FIELD = "target.max_perplexity_ratio"
@@ -238,19 +244,23 @@ def uniform(sensitivity: Sensitivity, precision: Precision) -> Mix:
     )
 
 
-def predicted_points(sensitivity: Sensitivity, path: list[Mix], budgets: list[float]) -> list:
-    """The chart's predicted points: each uniform precision, and the best mix at each budget."""
+def chart_points(
+    sensitivity: Sensitivity, path: list[Mix], rounds: list[TargetRound], budgets: list[float]
+) -> list[MixPoint]:
+    """The trade-off chart's points: the base; each uniform precision and the best mix at each
+    budget, as predicted; and each calibrated round, as measured."""
     base = sensitivity.base_perplexity
-    points = [
-        MixPoint(
-            label=f"{precision.name} everywhere (round-to-nearest)",
-            avg_bits=m.avg_bits,
-            perplexity=base * m.predicted_ratio(),
-            measured=False,
+    points = [MixPoint(label="base model", avg_bits=16.0, perplexity=base, measured=True)]
+    for precision in FAMILIES[sensitivity.family][:-1]:
+        everywhere = uniform(sensitivity, precision)
+        points.append(
+            MixPoint(
+                label=f"{precision.name} everywhere (round-to-nearest)",
+                avg_bits=everywhere.avg_bits,
+                perplexity=base * everywhere.predicted_ratio(),
+                measured=False,
+            )
         )
-        for precision in FAMILIES[sensitivity.family][:-1]
-        for m in [uniform(sensitivity, precision)]
-    ]
     for budget in budgets:
         best = within_bits(path, budget)
         points.append(
@@ -261,7 +271,26 @@ def predicted_points(sensitivity: Sensitivity, path: list[Mix], budgets: list[fl
                 measured=False,
             )
         )
+    points += [
+        MixPoint(
+            label=f"round {r.round}: mix at {r.avg_bits:.3f} bits (calibrated)",
+            avg_bits=r.avg_bits,
+            perplexity=r.perplexity,
+            measured=True,
+        )
+        for r in rounds
+    ]
     return points
+
+
+def describe_mix(r: TargetRound, mix: Mix, limit: float) -> str:
+    counts = ", ".join(f"{n} {p}" for p, n in mix.counts().items())
+    verdict = f" (target {limit}) {'met' if r.met else 'missed'}" if limit else ""
+    return (
+        f"round {r.round}: mixed precision {counts}, {r.avg_bits:.3f} bits per weight, "
+        f"perplexity {r.perplexity:.4f}, ratio {r.ratio:.4f}, predicted {r.predicted_ratio:.4f}"
+        f"{verdict}, {r.size_bytes / 1e6:.1f} MB"
+    )
 
 
 def quantized_ignore(recipe: RenderedRecipe) -> list[str]:

@@ -171,3 +171,58 @@ def test_sensitivity_ranks_int4_above_int8_on_the_tiny_model(tiny_model):
         assert module.cost["16-bit"] == 0
         # Signed (the gradient term can favour a rounding), and smaller with more bits.
         assert abs(module.cost["int8"]) < abs(module.cost["int4"])
+
+
+def test_the_trade_off_reads_at_a_glance_in_the_card_and_the_run():
+    import xml.etree.ElementTree as ElementTree
+
+    from compressflow.recipes.mixed import chart_points, describe_mix
+    from compressflow.reporting.model_card import target_section
+    from compressflow.reporting.tradeoff import tradeoff_svg
+    from compressflow.results import MixedPrecision, TargetRound, TargetSearch
+
+    measured = sensitivity(2, 3)
+    path = frontier(measured, (4.5,))
+    mix = within_bits(path, 4.5)
+    round_1 = TargetRound(
+        round=1,
+        unquantized=[],
+        perplexity=20.2,
+        ratio=1.01,
+        size_bytes=10**6,
+        met=True,
+        avg_bits=mix.avg_bits,
+        predicted_ratio=mix.predicted_ratio(),
+    )
+    points = chart_points(measured, path, [round_1], [4.5, 6.0])
+    labels = [p.label for p in points]
+    assert labels[0] == "base model" and "int4 everywhere (round-to-nearest)" in labels
+    assert "mix at 4.5 bits (predicted)" in labels and labels[-1].startswith("round 1:")
+    search = TargetSearch(
+        max_perplexity_ratio=0,
+        max_rounds=2,
+        base_perplexity=20.0,
+        held_out_source="file:held_out.jsonl",
+        held_out_samples=64,
+        ranked_modules=len(measured.modules),
+        rounds=[round_1],
+        chosen_round=1,
+        avg_bits=4.5,
+        mix=MixedPrecision(
+            family="int",
+            precisions=mix.precisions,
+            avg_bits=mix.avg_bits,
+            sensitivity_seconds=3,
+            points=points,
+        ),
+    )
+    card = target_section(search)
+    assert "## Mixed precision" in card and "at most 4.5 bits per weight" in card
+    assert "![size vs held-out perplexity](tradeoff.svg)" in card
+    assert "| model.layers.1 |" in card  # the per-layer map
+    assert "data:image/svg+xml;base64," in target_section(search, inline_chart=True)
+    svg = ElementTree.fromstring(tradeoff_svg(points))
+    circles = svg.findall("{http://www.w3.org/2000/svg}circle")
+    assert len(circles) == len(points)
+    described = describe_mix(round_1, mix, 0)
+    assert f"{mix.avg_bits:.3f} bits per weight" in described and "met" not in described  # no ratio asked
