@@ -581,7 +581,9 @@ class PublishedModel(BaseModel):
 class LmEvalScores(BaseModel):
     """One model's lm-eval-harness figures (the run_lm_eval stage)."""
 
-    backend: str = Field(description="lm-eval's model backend that ran: 'hf' (transformers).")
+    backend: str = Field(
+        description="lm-eval's model backend that ran: 'vllm' or 'hf' (transformers)."
+    )
     lm_eval_version: str
     metrics: dict[str, float] = Field(description="{'<task>/<metric>': value}.")
     higher_is_better: dict[str, bool] = Field(description="Per metric: whether higher is better.")

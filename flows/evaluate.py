@@ -21,7 +21,7 @@ from prefect import flow
 from prefect.artifacts import create_table_artifact
 
 from compressflow.blocks.clearml_settings import load_clearml_settings
-from compressflow.errors import InputError, QualityThresholdExceeded
+from compressflow.errors import EvaluationError, InputError, QualityThresholdExceeded
 from compressflow.logs import run_logger
 from compressflow.model.serving import require_vllm
 from compressflow.params import (
@@ -40,6 +40,7 @@ from compressflow.reporting.artifacts import (
     significant,
     significant_text,
 )
+from compressflow.reporting.harness import backend as lm_eval_backend
 from compressflow.reporting.harness import recovery, recovery_breaches
 from compressflow.reporting.lineage import (
     checkpoint_asset,
@@ -107,15 +108,26 @@ def metric_rows(report: EvaluationReport, gate: QualityGate) -> list[dict]:
 def lm_eval_scores(
     stages: Stages, args: LmEvalArgs, base: FetchedModel, compressed_path: Path
 ) -> dict[str, LmEvalScores]:
-    """lm-eval's tasks on the base model, then on the compressed one; {} when none asked."""
+    """lm-eval's tasks on the base model, then on the compressed one, both with one backend:
+    vLLM where its environment holds lm-eval, transformers otherwise or where vLLM fails on
+    either; {} when no task was asked for."""
     if not args.tasks:
         return {}
     timed = run_lm_eval.with_options(timeout_seconds=args.timeout_minutes * 60 or None)
+    models = (("base", base.path), ("compressed", str(compressed_path)))
     with tempfile.TemporaryDirectory(prefix="compressflow-lm-eval-") as folder:
         include_path = write_own_tasks(args, Path(folder))
+        if lm_eval_backend() == "vllm":
+            try:
+                return {
+                    which: stages.run(timed, which, path, base, args, include_path, "vllm")
+                    for which, path in models
+                }
+            except EvaluationError as exc:  # a kernel this host lacks: transformers runs it
+                run_logger(__name__).warning("%s; lm-eval runs on transformers instead", exc)
         return {
-            which: stages.run(timed, which, path, base, args, include_path)
-            for which, path in (("base", base.path), ("compressed", str(compressed_path)))
+            which: stages.run(timed, which, path, base, args, include_path, "hf")
+            for which, path in models
         }
 
 

@@ -3,7 +3,9 @@
 The Prefect face of the stage: the tasks, their refusals and the run live in
 compressflow/reporting/harness.py. `check_lm_eval` runs before any model loads; `write_own_tasks`
 writes the project's offline tasks for the run; `run_lm_eval` scores one model (the flow calls
-it for the base and for the compressed model), with lm-eval's log lines as progress.
+it for the base and for the compressed model) with the backend asked for: vLLM in the vLLM
+environment (a subprocess of its own), or transformers in a child; lm-eval's log lines are its
+progress.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from compressflow.params import LmEvalArgs
 from compressflow.reporting.harness import (
     OWN_TASKS,
     evaluate,
+    evaluate_in_vllm,
     held_out_texts,
     hub_refusals,
     write_tasks,
@@ -66,14 +69,24 @@ def write_own_tasks(args: LmEvalArgs, folder: Path) -> str | None:
 
 @task(name="lm-eval", cache_policy=NO_CACHE)
 def run_lm_eval(
-    which: str, path: str, model: FetchedModel, args: LmEvalArgs, include_path: str | None
+    which: str,
+    path: str,
+    model: FetchedModel,
+    args: LmEvalArgs,
+    include_path: str | None,
+    backend: str,
 ) -> LmEvalScores:
-    """lm-eval-harness `args.tasks` on the `which` model ('base' or 'compressed') at `path`."""
+    """lm-eval-harness `args.tasks` on the `which` model ('base' or 'compressed') at `path`,
+    with `backend` ('vllm' or 'hf')."""
     log = run_logger(__name__)
-    log.info("lm-eval on the %s model (%s): %s", which, path, ", ".join(args.tasks))
+    log.info("lm-eval (%s) on the %s model (%s): %s", backend, which, path, ", ".join(args.tasks))
+    work = (path, model, args.tasks, args.limit or None, include_path)
     try:
-        scores = in_child(evaluate, path, model, args.tasks, args.limit or None, include_path)
-    except TimeoutError as exc:  # the task's own limit, set by the flow from timeout_minutes
+        if backend == "vllm":  # a process of its own already, bounded by the same limit
+            scores = evaluate_in_vllm(*work, args.timeout_minutes * 60 or None)
+        else:
+            scores = in_child(evaluate, *work)
+    except TimeoutError as exc:  # the limit, set from timeout_minutes (the flow's or vLLM's)
         raise StageTimedOut(
             "lm_eval.timeout_minutes",
             f"lm-eval on the {which} model ran past {args.timeout_minutes:g} min and was stopped",

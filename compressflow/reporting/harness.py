@@ -14,22 +14,38 @@ Users' task names pass through to lm-eval unchanged. A task whose dataset lives 
 refused on an offline worker before any model loads (`hub_refusals`), naming the task and the
 fix, instead of failing minutes later in `datasets`.
 
-The run happens in the stage's child process (`evaluate`), with the transformers ("hf") backend
-over the model `load_causal_lm` loads, the same loader, checks and reload patches the rest of
-evaluation uses. lm-eval's own log lines go to the stage's log as progress.
+Which backend runs: vLLM, the server users deploy to, where the worker's vLLM environment holds
+lm-eval too (`make vllm-env` installs it there: lm-eval's vllm backend must run in vLLM's
+Python, so `harness_vllm_child.py` runs there as a subprocess, as serving.py runs vllm_child.py);
+else transformers ("hf") in the stage's child process (`evaluate`), over the model
+`load_causal_lm` loads, the same loader, checks and reload patches the rest of evaluation uses.
+The scores say which ran. lm-eval's own log lines go to the stage's log as progress.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
 import os
 import random
+import signal
+import subprocess
+import tempfile
+import threading
 import time
+from collections import deque
 from pathlib import Path
 
-from compressflow.errors import InputError
+from compressflow.errors import EvaluationError, InputError
+from compressflow.model.serving import (
+    child_environment,
+    kv_cache_dtype,
+    last_error_lines,
+    max_positions,
+    vllm_python,
+)
 from compressflow.reporting.quality import load_causal_lm
 from compressflow.results import FetchedModel, LmEvalScores
 
@@ -43,6 +59,9 @@ SEED = 0
 LOCAL_BUILDERS = {"json", "csv", "text", "parquet", "arrow", "pandas"}
 HUB_PROBE_SECONDS = 3.0
 NOT_SCORES = {"sample_len", "alias"}  # what lm-eval's results hold beside the metrics
+VLLM_CHILD = Path(__file__).with_name("harness_vllm_child.py")
+# vLLM reserves KV cache for its whole context: our texts are 128 tokens, few tasks pass 4096.
+MAX_MODEL_LEN = 4096
 
 # The YAMLs lm-eval reads; `{data}` is the JSON-lines file beside them.
 TASK_YAML = {
@@ -351,3 +370,107 @@ def recovery_breaches(recovered: dict[str, float], min_recovery_pct: float) -> l
         for name, pct in recovered.items()
         if min_recovery_pct and not pct >= min_recovery_pct
     ]
+
+
+@functools.cache
+def vllm_has_lm_eval(python: Path) -> bool:
+    """Whether the vLLM environment at `python` can import lm-eval (without importing it)."""
+    script = "import importlib.util, sys; sys.exit(importlib.util.find_spec('lm_eval') is None)"
+    try:
+        return subprocess.run([str(python), "-c", script], timeout=60).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def backend() -> str:
+    """'vllm' where the worker's vLLM environment holds lm-eval, else 'hf' (transformers)."""
+    python = vllm_python()
+    return "vllm" if python is not None and vllm_has_lm_eval(python) else "hf"
+
+
+def evaluate_in_vllm(
+    path: str,
+    model: FetchedModel,
+    tasks: list[str],
+    limit: int | None,
+    include_path: str | None,
+    timeout: float | None,
+) -> LmEvalScores:
+    """lm-eval's `tasks` on the checkpoint at `path` with its vLLM backend, in the vLLM
+    environment; lm-eval's log lines are logged as they come. TimeoutError past `timeout`
+    seconds; EvaluationError, with vLLM's last words, when it scores nothing."""
+    python = vllm_python()
+    folder = Path(path).resolve()
+    started = time.perf_counter()
+    log = logging.getLogger(__name__)
+    with tempfile.TemporaryDirectory(prefix="compressflow-lm-eval-") as work:
+        request, result = Path(work, "request.json"), Path(work, "result.json")
+        model_args = {
+            "pretrained": str(folder),
+            "dtype": "bfloat16",  # as vllm_child.py serves it
+            "max_model_len": min(max_positions(folder), MAX_MODEL_LEN),
+            "kv_cache_dtype": kv_cache_dtype(folder),
+            "enforce_eager": True,
+            "trust_remote_code": model.trust_remote_code,
+        }
+        request.write_text(
+            json.dumps(
+                {
+                    "model_args": model_args,
+                    "tasks": tasks,
+                    "limit": limit,
+                    "include_path": include_path,
+                    "include_defaults": any(t not in OWN_TASKS for t in tasks),
+                    "seed": SEED,
+                }
+            )
+        )
+        env = child_environment()
+        # Users' tasks read their datasets from the hub where the worker may reach it.
+        env["HF_HUB_OFFLINE"] = os.environ.get("HF_HUB_OFFLINE", "0")
+        process = subprocess.Popen(
+            [str(python), str(VLLM_CHILD), str(request), str(result)],
+            cwd=work,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # stopping it stops vLLM's helpers too
+        )
+        expired = threading.Event()
+
+        def stop() -> None:
+            expired.set()
+            os.killpg(process.pid, signal.SIGKILL)
+
+        timer = threading.Timer(timeout, stop) if timeout else None
+        if timer:
+            timer.start()
+        tail: deque[str] = deque(maxlen=40)
+        try:
+            for line in process.stderr:
+                tail.append(line)
+                if line.startswith("lm_eval"):
+                    log.info("lm-eval (vLLM): %s", line.rstrip())
+            process.wait()
+        finally:
+            if timer:
+                timer.cancel()
+        if expired.is_set():
+            raise TimeoutError(f"lm-eval's vLLM backend ran past {timeout:.0f} s")
+        found = json.loads(result.read_text()) if result.exists() else None
+    if found is None:
+        raise EvaluationError(
+            "lm_eval.tasks",
+            f"lm-eval's vLLM backend did not score {folder}: {last_error_lines(''.join(tail))}",
+            "set COMPRESSFLOW_VLLM_PYTHON to a vLLM environment that serves this model, or to "
+            "off for the transformers backend",
+        )
+    values, higher = metrics_of(found)
+    return LmEvalScores(
+        backend="vllm",
+        lm_eval_version=manager_version(),
+        metrics=values,
+        higher_is_better=higher,
+        seconds=round(time.perf_counter() - started, 3),
+    )

