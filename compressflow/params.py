@@ -602,14 +602,15 @@ class LmEvalArgs(_Args):
         default_factory=list,
         description="lm-eval-harness tasks run on both models: lm-eval's own names (e.g. "
         "hellaswag; their datasets come from the hub, so an offline worker refuses them), or "
-        "ours, which run offline on held_out_file: compressflow_code_perplexity (word "
+        "ours, which run offline on held-out text: compressflow_code_perplexity (word "
         "perplexity) and compressflow_next_line (which of four lines comes next).",
     )
     limit: int = Field(default=0, ge=0, description="Examples per lm-eval task (0: all of them).")
     held_out_file: str = Field(
         default="",
-        description="JSON-lines file of {'text': ...} rows our tasks are built from (the "
-        "yardstick's held_out.jsonl is one); needed by compressflow_* tasks only.",
+        description="JSON-lines file of {'text': ...} rows our compressflow_* tasks are built "
+        "from (the yardstick's held_out.jsonl is one); empty: the held-out texts this "
+        "evaluation scores (held_out).",
     )
     timeout_minutes: float = Field(
         default=60,

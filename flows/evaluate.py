@@ -52,7 +52,7 @@ from compressflow.reporting.lineage import (
 from compressflow.reporting.model_card import CARD, add_evaluation, evaluation_section
 from compressflow.reporting.quality import breaches
 from compressflow.reporting.tracking import track_flow_run
-from compressflow.results import EvaluationReport, FetchedModel, LmEvalScores
+from compressflow.results import EvaluationReport, FetchedModel, HeldOutText, LmEvalScores
 from compressflow.runtime.stages import Stages, boundary
 from compressflow.store.manifest import Manifest, read_manifest, replace_manifest
 from compressflow.tasks.build_held_out import build_held_out
@@ -106,7 +106,11 @@ def metric_rows(report: EvaluationReport, gate: QualityGate) -> list[dict]:
 
 
 def lm_eval_scores(
-    stages: Stages, args: LmEvalArgs, base: FetchedModel, compressed_path: Path
+    stages: Stages,
+    args: LmEvalArgs,
+    base: FetchedModel,
+    compressed_path: Path,
+    held_out: HeldOutText,
 ) -> dict[str, LmEvalScores]:
     """lm-eval's tasks on the base model, then on the compressed one, both with one backend:
     vLLM where its environment holds lm-eval, transformers otherwise or where vLLM fails on
@@ -116,7 +120,7 @@ def lm_eval_scores(
     timed = run_lm_eval.with_options(timeout_seconds=args.timeout_minutes * 60 or None)
     models = (("base", base.path), ("compressed", str(compressed_path)))
     with tempfile.TemporaryDirectory(prefix="compressflow-lm-eval-") as folder:
-        include_path = write_own_tasks(args, Path(folder))
+        include_path = write_own_tasks(args, Path(folder), base, held_out)
         if lm_eval_backend() == "vllm":
             try:
                 return {
@@ -216,7 +220,7 @@ def evaluate(
             by="compressflow",
         )
         metrics = stages.run(compare, fetched, str(compressed_path), text, engine)
-        scores = lm_eval_scores(stages, lm_eval, fetched, compressed_path)
+        scores = lm_eval_scores(stages, lm_eval, fetched, compressed_path, text)
         recovered = recovery(scores["base"], scores["compressed"]) if scores else {}
         found = breaches(
             metrics, gate.max_perplexity_increase_pct, gate.max_kl

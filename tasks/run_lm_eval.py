@@ -21,20 +21,21 @@ from compressflow.logs import run_logger
 from compressflow.params import LmEvalArgs
 from compressflow.reporting.harness import (
     OWN_TASKS,
+    decoded_texts,
     evaluate,
     evaluate_in_vllm,
     held_out_texts,
     hub_refusals,
     write_tasks,
 )
-from compressflow.results import FetchedModel, LmEvalScores
+from compressflow.results import FetchedModel, HeldOutText, LmEvalScores
 from compressflow.runtime.isolation import in_child
 
 
 def check_lm_eval(args: LmEvalArgs) -> None:
     """Refuse, before any model loads, lm-eval tasks this worker cannot run: lm-eval missing,
-    our tasks without their held-out file, a task lm-eval does not know or that needs the hub
-    on a worker without it."""
+    an unreadable held-out file, a task lm-eval does not know or that needs the hub on a worker
+    without it."""
     if not args.tasks:
         return
     if importlib.util.find_spec("lm_eval") is None:
@@ -45,26 +46,25 @@ def check_lm_eval(args: LmEvalArgs) -> None:
             "install the eval extra on the worker (pip install 'compressflow[eval]'), or leave "
             "lm_eval.tasks empty",
         )
-    if any(t in OWN_TASKS for t in args.tasks):
-        if not args.held_out_file:
-            raise InputError(
-                "lm_eval.held_out_file",
-                f"{', '.join(t for t in args.tasks if t in OWN_TASKS)} are built from a held-out "
-                "file, and none was given",
-                "set lm_eval.held_out_file to a JSON-lines file of {'text': ...} rows (the "
-                "yardstick's held_out.jsonl is one)",
-            )
+    if args.held_out_file and any(t in OWN_TASKS for t in args.tasks):
         held_out_texts(Path(args.held_out_file))
     # lm-eval's task index and datasets' cache: read in a child, the flow's process stays light.
     in_child(hub_refusals, args.tasks, None)
 
 
-def write_own_tasks(args: LmEvalArgs, folder: Path) -> str | None:
-    """The include_path holding our tasks for this run, written into `folder`; None when none
-    of ours was asked for."""
+def write_own_tasks(
+    args: LmEvalArgs, folder: Path, base: FetchedModel, held_out: HeldOutText
+) -> str | None:
+    """The include_path holding our tasks for this run, written into `folder`, over
+    `args.held_out_file`'s texts or else `held_out`'s (decoded with the base model's tokenizer);
+    None when none of ours was asked for."""
     if not any(t in OWN_TASKS for t in args.tasks):
         return None
-    return str(write_tasks(Path(args.held_out_file), folder))
+    if args.held_out_file:
+        texts = held_out_texts(Path(args.held_out_file))
+    else:
+        texts = in_child(decoded_texts, base.path, held_out.input_ids, base.trust_remote_code)
+    return str(write_tasks(texts, folder))
 
 
 @task(name="lm-eval", cache_policy=NO_CACHE)

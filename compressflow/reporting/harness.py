@@ -2,9 +2,9 @@
 
 lm-eval is how this field states what quantization cost, so evaluate-model runs it on the base and
 the compressed model. Two tasks of our own are defined the way lm-eval defines tasks (a YAML over
-local JSON-lines files, found through `TaskManager(include_path=...)`), built from a held-out
-file of {"text": ...} rows (the yardstick's `held_out.jsonl`), so they run on a worker without
-the hub:
+local JSON-lines files, found through `TaskManager(include_path=...)`), built from held-out
+texts (a file of {"text": ...} rows such as the yardstick's `held_out.jsonl`, or the texts the
+evaluation already scores), so they run on a worker without the hub:
 
 - `compressflow_code_perplexity`: word and byte perplexity of each text (loglikelihood_rolling);
 - `compressflow_next_line`: which of four lines comes next after a text's first lines; the other
@@ -174,10 +174,17 @@ def next_line_docs(texts: list[str], seed: int = SEED) -> list[dict]:
     return docs
 
 
-def write_tasks(held_out: Path, folder: Path) -> Path:
-    """The project's tasks for the texts of `held_out`, written into `folder` (their YAMLs and
-    data): the include_path lm-eval's TaskManager is given."""
-    texts = held_out_texts(held_out)
+def decoded_texts(tokenizer: str, input_ids: list[list[int]], trust_remote_code: bool) -> list[str]:
+    """The evaluation's held-out samples as text again (run in a child: it loads a tokenizer)."""
+    from transformers import AutoTokenizer
+
+    loaded = AutoTokenizer.from_pretrained(tokenizer, trust_remote_code=trust_remote_code)
+    return loaded.batch_decode(input_ids, skip_special_tokens=True)
+
+
+def write_tasks(texts: list[str], folder: Path) -> Path:
+    """The project's tasks over `texts`, written into `folder` (their YAMLs and data): the
+    include_path lm-eval's TaskManager is given."""
     folder.mkdir(parents=True, exist_ok=True)
     data = {
         PERPLEXITY_TASK: [{"text": t} for t in texts],
@@ -266,7 +273,7 @@ def hub_refusals(tasks: list[str], include_path: Path | None) -> None:
                 f"worker cannot reach it ({offline})",
                 "run it on a worker with hub access, or fill the worker's datasets cache "
                 f"(HF_HOME) once where the hub is reachable; offline, use {NEXT_LINE_TASK} and "
-                f"{PERPLEXITY_TASK} with lm_eval.held_out_file",
+                f"{PERPLEXITY_TASK}",
             )
 
 

