@@ -30,8 +30,10 @@ define install
 		|| $(1)/bin/python -m pip install -q $(2)
 endef
 
+# The extras in a variable: a comma written inside $(call ...) would split its arguments.
+EXTRAS := test,eval
 $(STAMP): pyproject.toml
-	$(call install,$(VENV),-e '.[test,eval]')
+	$(call install,$(VENV),-e '.[$(EXTRAS)]')
 	touch $(STAMP)
 
 # vLLM in an environment of its own, as in production the serving image is not the compression
