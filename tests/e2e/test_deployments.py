@@ -210,6 +210,9 @@ def test_compress_deployment_publishes_and_triggers_evaluation(stack, client, ti
     perplexity = rows["perplexity"]
     assert math.isfinite(perplexity["base"]) and math.isfinite(perplexity["compressed"])
     assert rows["KL(base || compressed), nats/token"]["compressed"] >= 0
+    # lm-eval's figures, base beside compressed with recovery, arrive in the published card.
+    assert rows["lm-eval compressflow_next_line/acc (hf)"]["change"].startswith("recovery ")
+    assert "| lm-eval compressflow_next_line/acc (hf) |" in (target / "README.md").read_text()
     print(f"compress -> evaluate through the deployments: {time.monotonic() - started:.1f} s")
 
 
