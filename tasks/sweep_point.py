@@ -51,6 +51,9 @@ def run_point(
             "held_out": held_out,
             # A sweep ranks points: record every point's metrics rather than failing on a gate.
             "gate": {"on_threshold": "flag"},
+            # Nor the deployment's lm-eval tasks: no objective reads them, and they double a
+            # point's evaluation.
+            "lm_eval": {"tasks": []},
         },
         timeout=None,
         as_subflow=True,
