@@ -201,6 +201,7 @@ def frontier(sensitivity: Sensitivity, budgets: tuple[float, ...] = ()) -> list[
             index = choice[capacity]
             capacity -= need[index]
             picked.append((unit, unit.options[index]))
+        picked.reverse()  # the model's order, as the map and the manifest list them
         return Mix(
             precisions={n: p.name for unit, (p, _, _) in picked for n in unit.modules},
             avg_bits=sum(bits for _, (_, bits, _) in picked) / total,

@@ -48,11 +48,17 @@ def compress_yardstick(yardstick, folder: Path, recipe: RecipeArgs, **options):
     )
 
 
-def held_out(yardstick) -> HeldOutArgs:
+def held_out(yardstick, test_root: Path, half: str) -> HeldOutArgs:
+    """One half of the held-out files: the budget chooses on the first, the ranking is scored on
+    the second (a sensitivity judged on the texts it was measured on would flatter it)."""
+    rows = yardstick.held_out.read_text().splitlines(keepends=True)
+    middle = len(rows) // 2
+    path = test_root / "mixed" / f"held_out_{half}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        path.write_text("".join(rows[:middle] if half == "choose" else rows[middle:]))
     return HeldOutArgs(
-        dataset_name=str(yardstick.held_out),
-        samples=HELD_OUT_TEXTS,
-        max_seq_len=yardstick.spec.seq_len,
+        dataset_name=str(path), samples=HELD_OUT_TEXTS, max_seq_len=yardstick.spec.seq_len
     )
 
 
@@ -62,7 +68,7 @@ def budgeted(yardstick, test_root, vllm: str = "off"):
         test_root / "mixed" / "budget",
         RecipeArgs(preset="W4A16"),
         verify=VerifyArgs(vllm=vllm),
-        target=TargetArgs(avg_bits=BUDGET, held_out=held_out(yardstick)),
+        target=TargetArgs(avg_bits=BUDGET, held_out=held_out(yardstick, test_root, "choose")),
     )
 
 
@@ -146,7 +152,9 @@ def test_the_sensitivity_ranks_modules_better_than_gptqs_error(
     dataset = DatasetArgs(
         dataset_name=str(yardstick.calibration), max_seq_len=yardstick.spec.seq_len
     )
-    texts = build_held_out.fn(held_out(yardstick).dataset_args(), model, dataset)
+    texts = build_held_out.fn(
+        held_out(yardstick, test_root, "score").dataset_args(), model, dataset
+    )
     scores = {}
     for name, kept in (("error", by_error), ("sensitivity", by_sensitivity)):
         published = compress_yardstick(
