@@ -10,6 +10,7 @@ card beside its README (`tradeoff.svg`), ClearML as a scatter plot of the same p
 from __future__ import annotations
 
 import base64
+import math
 import re
 from html import escape
 
@@ -43,11 +44,14 @@ def tradeoff_svg(points: list[MixPoint]) -> str:
         f'<text x="14" y="{HEIGHT / 2}" text-anchor="middle" '
         f'transform="rotate(-90 14 {HEIGHT / 2})">held-out perplexity</text>',
     ]
-    for fraction in (0.0, 0.5, 1.0):
-        bits, ppl = x_lo + fraction * (x_hi - x_lo), y_lo + fraction * (y_hi - y_lo)
+    # Whole bits on x (4, 6, 8, ...: the precisions people name), three values on y.
+    for bits in range(math.ceil(x_lo / 2) * 2, math.floor(x_hi) + 1, 2):
         parts.append(
-            f'<text x="{x(bits):.1f}" y="{HEIGHT - MARGIN + 14}" text-anchor="middle">'
-            f"{bits:.2f}</text>"
+            f'<text x="{x(bits):.1f}" y="{HEIGHT - MARGIN + 14}" text-anchor="middle">{bits}</text>'
+        )
+    for fraction in (0.0, 0.5, 1.0):
+        ppl = y_lo + fraction * (y_hi - y_lo)
+        parts.append(
             f'<text x="{MARGIN - 4}" y="{y(ppl) + 4:.1f}" text-anchor="end">{ppl:.3f}</text>'
         )
     predicted = sorted((p for p in points if not p.measured), key=lambda p: p.avg_bits)
