@@ -527,6 +527,14 @@ class Verification(BaseModel):
         description="The limits the three figures above were held to: min_cosine, max_kl, "
         "min_top1 (the scheme family's defaults, or verify's).",
     )
+    base_perplexity: float | None = Field(
+        default=None,
+        description="The base model's perplexity on the verification texts (held out from "
+        "calibration), from the same logits: every card's recovery figure, served or not.",
+    )
+    compressed_perplexity: float | None = Field(
+        default=None, description="The compressed model's, on the same texts and logits."
+    )
     seconds: float = 0.0
     peak_rss_mb: float | None = Field(
         default=None, description="Process peak resident memory once verified (ru_maxrss)."

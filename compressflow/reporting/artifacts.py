@@ -118,13 +118,19 @@ def logit_figures(check: Verification) -> str:
         f"KL {significant_text(check.kl_divergence)} nats/token, "
         f"top-1 agreement {percent(check.top1_agreement)}"
     )
-    if not check.logit_limits:  # published before the limits were recorded
-        return figures
-    limits = check.logit_limits
-    return (
-        f"{figures} (limits: cosine >= {limits['min_cosine']}, KL <= {limits['max_kl']}, "
-        f"top-1 >= {percent(limits['min_top1'])})"
-    )
+    if check.logit_limits:  # absent in outputs published before the limits were recorded
+        limits = check.logit_limits
+        figures += (
+            f" (limits: cosine >= {limits['min_cosine']}, KL <= {limits['max_kl']}, "
+            f"top-1 >= {percent(limits['min_top1'])})"
+        )
+    base, compressed = check.base_perplexity, check.compressed_perplexity
+    if base and compressed:
+        figures += (
+            f"; held-out perplexity {significant_text(base)} -> {significant_text(compressed)}, "
+            f"recovery {100 * base / compressed:.1f}% (transformers, verify's logits)"
+        )
+    return figures
 
 
 # tables

@@ -99,8 +99,11 @@ def breaches(
     return found
 
 
-def compare_logits(reference: list, compressed: list) -> dict[str, float]:
-    """Mean cosine, mean KL(reference || compressed) and top-1 agreement over all positions.
+def compare_logits(
+    reference: list, compressed: list, input_ids: list[list[int]] | None = None
+) -> dict[str, float]:
+    """Mean cosine, mean KL(reference || compressed) and top-1 agreement over all positions;
+    with the samples' `input_ids`, both models' perplexity on them too.
 
     Each list holds one [positions, vocab] tensor per sample. Non-finite logits give NaN
     figures, which no threshold accepts.
@@ -108,9 +111,9 @@ def compare_logits(reference: list, compressed: list) -> dict[str, float]:
     import torch
     import torch.nn.functional as F
 
-    cosine = kl = agree = 0.0
-    positions = 0
-    for ref, new in zip(reference, compressed, strict=True):
+    cosine = kl = agree = nll_reference = nll_compressed = 0.0
+    positions = predicted = 0
+    for number, (ref, new) in enumerate(zip(reference, compressed, strict=True)):
         ref, new = ref.float(), new.float().to(ref.device)
         if not torch.isfinite(new).all():
             return {"cosine": math.nan, "kl_divergence": math.nan, "top1_agreement": math.nan}
@@ -119,11 +122,20 @@ def compare_logits(reference: list, compressed: list) -> dict[str, float]:
         kl += F.kl_div(logq, logp, log_target=True, reduction="sum").item()
         agree += (ref.argmax(-1) == new.argmax(-1)).sum().item()
         positions += ref.shape[0]
-    return {
+        if input_ids is not None:  # position i predicts token i + 1
+            following = torch.tensor(input_ids[number][1 : ref.shape[0]])[:, None]
+            nll_reference -= logp[: len(following)].gather(-1, following).sum().item()
+            nll_compressed -= logq[: len(following)].gather(-1, following).sum().item()
+            predicted += len(following)
+    figures = {
         "cosine": cosine / positions,
         "kl_divergence": max(kl / positions, 0.0),  # float rounding can dip below zero
         "top1_agreement": agree / positions,
     }
+    if predicted:
+        figures["base_perplexity"] = math.exp(nll_reference / predicted)
+        figures["compressed_perplexity"] = math.exp(nll_compressed / predicted)
+    return figures
 
 
 # Tokens (samples x the longest sample) one forward of `logits_of` holds. VerifyArgs' default

@@ -160,7 +160,7 @@ def check_logits(
 ) -> tuple[VerificationCheck, dict]:
     """The compressed model's logits against the base's, within the scheme family's limits
     (compressflow/registries/thresholds.py) or those set in `verify`."""
-    figures = compare_logits(reference["logits"], logits)
+    figures = compare_logits(reference["logits"], logits, reference["input_ids"])
     cosine, kl, top1 = (figures[k] for k in ("cosine", "kl_divergence", "top1_agreement"))
     limits = args.logit_limits(scheme)
     passed = cosine >= limits.cosine and kl <= limits.kl and top1 >= limits.top1

@@ -158,5 +158,8 @@ def test_lm_eval_runs_our_offline_tasks_on_both_models_and_the_gate_holds_their_
     card = Path(compressed, "README.md").read_text()
     pct = report.lm_eval_recovery[f"{NEXT_LINE_TASK}/acc"]
     assert f"| lm-eval {NEXT_LINE_TASK}/acc (hf) |" in card and f"| {pct:.1f}% |" in card
+    # And verify's own recovery figure, there whether or not vLLM served the output.
+    verified = next(line for line in card.splitlines() if line.startswith("- **Verified**"))
+    assert "held-out perplexity" in verified and "(transformers, verify's logits)" in verified
     session = Path(report.tracking.split(": ", 1)[1].split(";")[0])
     assert "lm-eval recovery %" in (session / "metrics.jsonl").read_text()

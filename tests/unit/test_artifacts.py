@@ -257,6 +257,12 @@ def test_verification_artifact_rounds_its_figures():
     assert "cosine 0.9988, KL 0.01235 nats/token, top-1 agreement 98.8 %" in text
 
 
+def test_verification_states_held_out_perplexity_recovery_from_its_logits():
+    verified = VERIFIED.model_copy(update={"base_perplexity": 12.0, "compressed_perplexity": 12.5})
+    text = verification_markdown(verified, "/out/m", "Llama-3.2-1B-Instruct W4A16")
+    assert "held-out perplexity 12 -> 12.5, recovery 96.0% (transformers, verify's logits)" in text
+
+
 def test_sweep_ranking_is_rounded():
     metrics = {
         "perplexity_increase_pct": 3.14159,

@@ -1,9 +1,11 @@
 """lm-eval: the project's offline tasks as lm-eval reads them, refusals before any model loads,
-and recovery figures (compressflow/reporting/harness.py, tasks/run_lm_eval.py)."""
+and recovery figures, lm-eval's and verify's (compressflow/reporting/harness.py,
+tasks/run_lm_eval.py, compressflow/reporting/quality.py)."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -110,3 +112,18 @@ def test_metrics_leave_out_standard_errors_and_sample_counts():
         "higher_is_better": {"t": {"acc": True}},
     }
     assert metrics_of(results) == ({"t/acc": 0.5}, {"t/acc": True})
+
+
+def test_verify_logits_give_both_models_perplexity_on_the_verified_tokens():
+    import torch
+
+    from compressflow.reporting.quality import compare_logits
+
+    ids = [[0, 1, 2], [2, 0]]
+    base = [torch.tensor([[0.0, 2.0, 0.0], [0.0, 0.0, 2.0], [1.0, 1.0, 1.0]]), torch.zeros(2, 3)]
+    flat = [torch.zeros(3, 3), torch.zeros(2, 3)]  # every token 1/3: perplexity 3
+    figures = compare_logits(base, flat, ids)
+    assert figures["compressed_perplexity"] == pytest.approx(3.0)
+    nll = -2 * torch.log_softmax(torch.tensor([0.0, 2.0, 0.0]), 0)[1] + math.log(3)
+    assert figures["base_perplexity"] == pytest.approx(math.exp(nll.item() / 3))
+    assert "base_perplexity" not in compare_logits(base, flat)
