@@ -251,11 +251,11 @@ def on_hub(dataset_path: str) -> bool:
 def hub_refusals(tasks: list[str], include_path: Path | None) -> None:
     """InputError for the first of `tasks` lm-eval does not know, or that needs the hub on a
     worker that cannot reach it; before any model loads."""
-    from lm_eval.tasks import TaskManager
-
     users = [t for t in tasks if t not in OWN_TASKS]
     if not users:
         return
+    from lm_eval.tasks import TaskManager
+
     manager = TaskManager(include_path=str(include_path) if include_path else None)
     offline = None
     for task in users:
