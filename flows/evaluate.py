@@ -192,7 +192,7 @@ def evaluate(
         "lm_eval": lm_eval.model_dump(),
         "engine": {"engine": engine},
     }
-    stages = Stages()
+    stages = Stages(timeout_fields={run_lm_eval.name: "lm_eval.timeout_minutes"})
     with (
         boundary("evaluate-model"),  # what escapes the stages' own boundaries, outside them
         track_flow_run(

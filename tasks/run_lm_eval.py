@@ -16,7 +16,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from compressflow.errors import InputError, StageTimedOut
+from compressflow.errors import InputError
 from compressflow.logs import run_logger
 from compressflow.params import LmEvalArgs
 from compressflow.reporting.harness import (
@@ -81,18 +81,13 @@ def run_lm_eval(
     log = run_logger(__name__)
     log.info("lm-eval (%s) on the %s model (%s): %s", backend, which, path, ", ".join(args.tasks))
     work = (path, model, args.tasks, args.limit or None, include_path)
-    try:
-        if backend == "vllm":  # a process of its own already, bounded by the same limit
-            scores = evaluate_in_vllm(*work, args.timeout_minutes * 60 or None)
-        else:
-            scores = in_child(evaluate, *work)
-    except TimeoutError as exc:  # the limit, set from timeout_minutes (the flow's or vLLM's)
-        raise StageTimedOut(
-            "lm_eval.timeout_minutes",
-            f"lm-eval on the {which} model ran past {args.timeout_minutes:g} min and was stopped",
-            "raise lm_eval.timeout_minutes (0: no limit), or set lm_eval.limit to score fewer "
-            "examples per task",
-        ) from exc
+    # Past lm_eval.timeout_minutes, Prefect's limit on this task (set by the flow) stops the
+    # child, and vLLM's process is stopped by its own, the same: a TimeoutError either way,
+    # which the flow's stage boundary turns into StageTimedOut naming the field.
+    if backend == "vllm":
+        scores = evaluate_in_vllm(*work, args.timeout_minutes * 60 or None)
+    else:
+        scores = in_child(evaluate, *work)
     log.info(
         "lm-eval on the %s model (backend %s, %.1f s): %s",
         which,

@@ -22,6 +22,12 @@ from compressflow.logs import run_logger
 from compressflow.reporting import tracking
 from compressflow.results import StageRecord
 
+# What less to do means for the stage each time limit belongs to.
+LESS_WORK = {
+    "calibration.timeout_minutes": "fewer dataset.text_samples, a shorter dataset.max_seq_len",
+    "lm_eval.timeout_minutes": "a smaller lm_eval.limit, fewer lm_eval.tasks",
+}
+
 
 @contextmanager
 def boundary(stage: str, timeout_field: str = "") -> Iterator[None]:
@@ -34,11 +40,12 @@ def boundary(stage: str, timeout_field: str = "") -> Iterator[None]:
     except TimeoutError as exc:
         if not timeout_field:
             raise _defect(stage, exc) from exc
+        less = LESS_WORK.get(timeout_field)
         raise StageTimedOut(
             timeout_field,
             f"the {stage} stage ran past the limit it sets and was stopped; nothing was published",
-            f"raise {timeout_field} (0: no limit), or give the stage less to do (fewer "
-            "dataset.text_samples, a shorter dataset.max_seq_len)",
+            f"raise {timeout_field} (0: no limit), or give the stage less to do"
+            + (f" ({less})" if less else ""),
         ) from exc
     except Exception as exc:
         raise _defect(stage, exc) from exc

@@ -127,3 +127,14 @@ def test_verify_logits_give_both_models_perplexity_on_the_verified_tokens():
     nll = -2 * torch.log_softmax(torch.tensor([0.0, 2.0, 0.0]), 0)[1] + math.log(3)
     assert figures["base_perplexity"] == pytest.approx(math.exp(nll.item() / 3))
     assert "base_perplexity" not in compare_logits(base, flat)
+
+
+def test_lm_eval_past_its_time_limit_names_the_field_and_what_less_means():
+    from compressflow.errors import StageTimedOut
+    from compressflow.runtime.stages import boundary
+
+    with pytest.raises(StageTimedOut) as caught:
+        with boundary("lm-eval", "lm_eval.timeout_minutes"):
+            raise TimeoutError("Scope timed out after 0.6 second(s).")  # as Prefect raises it
+    assert caught.value.field == "lm_eval.timeout_minutes"
+    assert "a smaller lm_eval.limit" in caught.value.fix
