@@ -225,4 +225,6 @@ def test_the_trade_off_reads_at_a_glance_in_the_card_and_the_run():
     circles = svg.findall("{http://www.w3.org/2000/svg}circle")
     assert len(circles) == len(points)
     described = describe_mix(round_1, mix, 0)
-    assert f"{mix.avg_bits:.3f} bits per weight" in described and "met" not in described  # no ratio asked
+    assert (
+        f"{mix.avg_bits:.3f} bits per weight" in described and "met" not in described
+    )  # no ratio asked
