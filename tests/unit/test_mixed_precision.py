@@ -149,7 +149,8 @@ def test_budgets_a_recipe_cannot_mix_or_its_family_cannot_reach_are_refused():
     assert not mixes(w4a16, TargetArgs())
 
 
-def test_sensitivity_ranks_int4_above_int8_on_the_tiny_model(tiny_model):
+@pytest.mark.parametrize("family, fewer, more", [("int", "int4", "int8"), ("float", "fp4", "fp8")])
+def test_sensitivity_costs_fewer_bits_more_on_the_tiny_model(tiny_model, family, fewer, more):
     """One pass on random weights: only its shape is checked here (quality: the yardstick)."""
     from compressflow.reporting.sensitivity import measure_sensitivity
     from compressflow.results import FetchedModel, HeldOutText
@@ -162,15 +163,16 @@ def test_sensitivity_ranks_int4_above_int8_on_the_tiny_model(tiny_model):
         input_ids=[[1, *range(5, 40)], [1, *range(50, 70)]],
         excluded_calibration_samples=0,
     )
-    measured = measure_sensitivity(str(tiny_model), model, held_out, "int", ["lm_head"])
+    measured = measure_sensitivity(str(tiny_model), model, held_out, family, ["lm_head"])
     assert measured.positions == 35 + 20  # every next-token position of both texts
     assert measured.base_perplexity > 1
     names = [m.name for m in measured.modules]
     assert "lm_head" not in names and len(names) == len(set(names)) > 0
-    for module in measured.modules:
-        assert module.cost["16-bit"] == 0
-        # Signed (the gradient term can favour a rounding), and smaller with more bits.
-        assert abs(module.cost["int8"]) < abs(module.cost["int4"])
+    assert all(module.cost["16-bit"] == 0 for module in measured.modules)
+    # Signed per module (the gradient term can favour a rounding); smaller with more bits over all.
+    assert sum(abs(m.cost[more]) for m in measured.modules) < sum(
+        abs(m.cost[fewer]) for m in measured.modules
+    )
 
 
 def test_the_trade_off_reads_at_a_glance_in_the_card_and_the_run():
