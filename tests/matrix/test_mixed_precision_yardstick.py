@@ -73,7 +73,7 @@ def budgeted(yardstick, test_root, vllm: str = "off"):
 
 
 def test_a_budget_is_held_and_published_as_one_mixed_checkpoint(
-    yardstick, test_root, prefect_harness, vllm_python
+    yardstick, test_root, prefect_harness, with_vllm
 ):
     published = budgeted(yardstick, test_root, vllm="auto")
     folder = Path(published.path)
