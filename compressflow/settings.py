@@ -7,6 +7,7 @@ import), so a deployment's `job_variables.env` or a test's environment takes eff
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 from pydantic import Field
@@ -61,10 +62,13 @@ class Settings(BaseSettings):
         "scheduler already gives each run GPUs of its own (a Kubernetes pod, a container).",
     )
     gpu_slot_prefix: str = Field(
-        default="",
+        # Per host by default: every host has a gpu:0, and hosts sharing one Prefect server must
+        # not wait for each other's. A host's name never holds a character Prefect refuses.
+        default_factory=lambda: f"{socket.gethostname()}:",
         pattern=r"^[^/%&><]*$",  # characters Prefect refuses in a limit's name
-        description="Put before each GPU's concurrency-limit name (<prefix>gpu:0) so hosts "
-        "sharing one Prefect server keep their slots apart; empty: gpu:0, gpu:1...",
+        description="Put before each GPU's concurrency-limit name (<prefix>gpu:0); default: "
+        "this host's name and a colon, so hosts sharing one Prefect server keep their slots "
+        "apart. Set the same prefix on hosts (or containers) that share GPUs; empty: gpu:0...",
     )
 
     vllm_python: str = Field(

@@ -1,8 +1,10 @@
 """Which GPUs this host has, and the Prefect concurrency slots that share them between runs.
 
 Runs that share a GPU host each take a slot from a Prefect global concurrency limit per device
-(`gpu:0`, `gpu:1`..., limit 1 each) for as long as they calibrate: two runs on a one-GPU host run
-one after the other, and a run on a host with a free GPU takes that one. Detection does not import
+(`<host>:gpu:0`, `<host>:gpu:1`..., limit 1 each; the host's name keeps hosts sharing one server
+apart) for as long as they calibrate: two runs on a one-GPU host run one after the other, and a
+run on a host with a free GPU takes that one. A host's worker takes one run per GPU
+(`worker_limit`), so the pool spreads runs over the hosts with free GPUs. Detection does not import
 torch (the flow's own process stays light): an operator's COMPRESSFLOW_GPU_DEVICES, else
 CUDA_VISIBLE_DEVICES, else `nvidia-smi -L`. A host with none takes no slot, and neither does a
 run whose GPUs a scheduler gave it alone (COMPRESSFLOW_GPU_SLOTS=false: a Kubernetes pod).
@@ -49,7 +51,17 @@ def _listed(text: str) -> list[str]:
 
 
 def slot_name(device: str) -> str:
+    """`<prefix>gpu:<device>`; the prefix is the host's name unless the operator set one."""
     return f"{settings().gpu_slot_prefix}gpu:{device}"
+
+
+def worker_limit() -> int:
+    """How many runs this host's worker takes at once (`prefect worker start --limit`): one per
+    GPU, so a full host leaves further runs in the pool's queue for a host with a free GPU
+    instead of taking them to wait on its slots. One on a host with none: CPU calibrations
+    beside each other fight for its cores (a demo calibration took 18 s alone, 232 s beside
+    another run on 2 cores)."""
+    return max(len(devices()), 1)
 
 
 def refuse_too_few(gpus: int, host: list[str] | None = None) -> None:
@@ -185,3 +197,7 @@ def gpu_slots(gpus: int, timeout_seconds: float | None) -> Iterator[list[str]]:
                 "work pool",
             )
         time.sleep(POLL_SECONDS)
+
+
+if __name__ == "__main__":  # the worker line's `--limit "$(python -m compressflow.runtime.gpus)"`
+    print(worker_limit())

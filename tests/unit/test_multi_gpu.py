@@ -8,6 +8,7 @@ CPU ranks.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 
 import pytest
@@ -28,6 +29,17 @@ def test_devices_come_from_the_override_then_cuda_visible_devices(monkeypatch):
     assert gpus.devices() == ["2"]
     monkeypatch.setenv("COMPRESSFLOW_GPU_SLOT_PREFIX", "host-a:")
     assert gpus.slot_name("2") == "host-a:gpu:2"
+    monkeypatch.setenv("COMPRESSFLOW_GPU_SLOT_PREFIX", "")  # the operator's choice: shared names
+    assert gpus.slot_name("2") == "gpu:2"
+    monkeypatch.delenv("COMPRESSFLOW_GPU_SLOT_PREFIX")  # per host by default
+    assert gpus.slot_name("2") == f"{socket.gethostname()}:gpu:2"
+
+
+def test_a_worker_takes_one_run_per_gpu_and_one_on_a_cpu_host(monkeypatch):
+    monkeypatch.setenv("COMPRESSFLOW_GPU_DEVICES", "0,1,2")
+    assert gpus.worker_limit() == 3
+    monkeypatch.setenv("COMPRESSFLOW_GPU_DEVICES", "none")
+    assert gpus.worker_limit() == 1
 
 
 def test_a_cpu_host_takes_no_slot(monkeypatch):
