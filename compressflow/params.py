@@ -268,6 +268,15 @@ class RecipeArgs(_Args):
         return "custom" if self.recipe else self.preset
 
 
+# The share of a GPU's free memory the memory plan fills when no cap is set. Its terms leave out
+# what also lands on the device: the caching allocator's rounding and fragmentation, and the CUDA
+# contexts of the run's other children (on an H100, a run planned at 2.1 GiB peaked at 3186 MB in
+# use device-wide, benchmarks/README.md), and free memory read at planning time can shrink before
+# calibration starts. A tenth (7.9 GiB of an H100's 78.7 GiB free) holds that, and the last tenth
+# is never worth an out-of-memory error hours into a run.
+GPU_SHARE = 0.9
+
+
 class CalibrationArgs(_Args):
     """How calibration runs: the path, where the weights live, and llm-compressor's speed knobs.
 
@@ -312,6 +321,15 @@ class CalibrationArgs(_Args):
         ge=0,
         description="Cap on the CPU memory the run plans to use, in GiB; 0 means what the worker "
         "has available. Weights that do not fit under it are read from disk layer by layer.",
+    )
+    max_gpu_memory_gb: float = Field(
+        default=0,
+        ge=0,
+        allow_inf_nan=False,
+        description="Cap on the peak GPU memory calibration plans for, in GiB, for a GPU shared "
+        f"with other work; 0: {GPU_SHARE:.0%} of the GPU's free memory. The automatic batch "
+        "shrinks to fit under it; a run that cannot fit even at batch 1 is refused before weights "
+        "load. A worker without a GPU ignores it (the plan's notes say so).",
     )
     timeout_minutes: float = Field(
         default=0,

@@ -172,6 +172,14 @@ def gib(size: float) -> str:
     return f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
 
 
+def gpu_limit(budget: int, free: int, share: float, capped: bool) -> str:
+    """The GPU memory the plan may fill, in words: the user's cap, or its share of the free."""
+    of_free = f"{share:.0%} of the {gib(free)} free"
+    if capped:
+        return f"the {gib(budget)} cap (calibration.max_gpu_memory_gb, below {of_free})"
+    return of_free
+
+
 class MemoryPlan(BaseModel):
     """Where calibration keeps the weights and what it expects to need, from the config alone."""
 
@@ -198,6 +206,20 @@ class MemoryPlan(BaseModel):
     cpu_available_bytes: int = Field(description="CPU memory the plan may use (cap or available).")
     gpu_needed_bytes: int = Field(default=0, description="Planned peak GPU memory.")
     gpu_available_bytes: int = Field(default=0, description="Free GPU memory; 0 without a GPU.")
+    gpu_budget_bytes: int = Field(
+        default=0,
+        description="GPU memory the plan may fill: its share of the free memory (gpu_share), or "
+        "calibration.max_gpu_memory_gb where that is less; 0 without a GPU.",
+    )
+    gpu_share: float = Field(default=0, description="The share of free GPU memory the plan fills.")
+    gpu_capped: bool = Field(
+        default=False,
+        description="Whether calibration.max_gpu_memory_gb, not the share, set the GPU budget.",
+    )
+    gpu_batch_one_bytes: int = Field(
+        default=0,
+        description="Planned peak GPU memory at batch 1: what the chosen batch costs over it.",
+    )
     batch_size: int
     sequential_prefetch: bool
     sequential_offload_device: str
@@ -245,7 +267,7 @@ class MemoryPlan(BaseModel):
                 f"{human(self.cpu_needed_bytes)} of {human(self.cpu_available_bytes)}"
             )
         gpu = (
-            f", GPU {human(self.gpu_needed_bytes)} of {human(self.gpu_available_bytes)}"
+            f", GPU {human(self.gpu_needed_bytes)} of {human(self.gpu_budget_bytes)}"
             if self.gpu_available_bytes
             else ""
         )
@@ -261,6 +283,22 @@ class MemoryPlan(BaseModel):
                 if self.checkpoint_folder
                 else "; no checkpoints"
             )
+        )
+
+    def gpu_cost(self) -> str:
+        """The planned GPU peak against batch 1's and what kept it there; empty without a GPU."""
+        if self.device != "cuda":
+            return ""
+        what = "shard by shard" if self.path == "model_free" else f"batch {self.batch_size}"
+        extra = self.gpu_needed_bytes - self.gpu_batch_one_bytes
+        more = self.path == "classic" and self.batch_size > 1
+        limit = gpu_limit(
+            self.gpu_budget_bytes, self.gpu_available_bytes, self.gpu_share, self.gpu_capped
+        )
+        return (
+            f"{what}: {gib(self.gpu_needed_bytes)} planned GPU peak"
+            + (f", +{gib(extra)} over batch 1" if more else "")
+            + f", within {limit}"
         )
 
     def log_to(self, tracker) -> None:

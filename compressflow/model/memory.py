@@ -5,8 +5,8 @@ decides the peak is known before the weights load: the weights' bytes (the check
 the largest sequential layer and its calibration state (GPTQ keeps an in_features^2 float32
 Hessian per module, for every expert of an MoE layer at once), the activations the sequential
 pipeline caches between layers (every sample's tokens x hidden, in and out) and one batch's
-forward pass. Against what the worker has (free CPU memory or the user's cap, free GPU memory) the
-plan picks, in order of speed:
+forward pass. Against what the worker has (free CPU memory or the user's cap; a share of the free
+GPU memory, GPU_SHARE, or the user's cap) the plan picks, in order of speed:
 
 - `model_free`: a data-free scheme quantized shard by shard by llm-compressor's `model_free_ptq`,
   without building the model: about one shard in memory, whatever the model's size (verify then
@@ -15,12 +15,15 @@ plan picks, in order of speed:
 - `disk`: weights read from the checkpoint layer by layer (compressed-tensors' disk offload), so
   only a layer, its state and the cached activations need memory.
 
-What fits nowhere is refused with the numbers and what to change. Estimates err high: a plan
-that says it fits should not meet an out-of-memory error.
+On a GPU, the automatic batch is the largest that fits the GPU's budget; the notes say what it
+costs over batch 1 and which limit bound it. What fits nowhere is refused with the numbers and
+what to change. Estimates err high: a plan that says it fits should not meet an out-of-memory
+error.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -35,8 +38,15 @@ from compressflow import compat
 from compressflow.errors import InputError, ResourceError
 from compressflow.model.checkpoint import tensor_index
 from compressflow.model.loading import load_complete
-from compressflow.params import CalibrationArgs
-from compressflow.results import BuiltDataset, FetchedModel, MemoryPlan, RenderedRecipe, gib
+from compressflow.params import GPU_SHARE, CalibrationArgs
+from compressflow.results import (
+    BuiltDataset,
+    FetchedModel,
+    MemoryPlan,
+    RenderedRecipe,
+    gib,
+    gpu_limit,
+)
 
 GIB = 2**30
 # Two interpreters with torch and transformers imported: the task's (with Prefect, ~0.6 GiB) and
@@ -269,6 +279,16 @@ def weight_bytes(model: FetchedModel, config, parameters: int) -> tuple[int, flo
     return parameters * per, per
 
 
+def capped(cap_gb: float, available: int, field: str, free: str, notes: list[str]) -> int:
+    """What the plan may fill: `available`, or the user's cap (`field`) where that is less."""
+    if not cap_gb:
+        return available
+    cap = int(cap_gb * GIB)
+    if cap > available:
+        notes.append(f"{field} ({gib(cap)}) is above {free}: the plan keeps to {gib(available)}")
+    return min(cap, available)
+
+
 def make_plan(
     model: FetchedModel,
     recipe: RenderedRecipe,
@@ -290,18 +310,37 @@ def make_plan(
     notes: list[str] = []
     weights, per_param = weight_bytes(model, config, shape.parameters)
     act = max(per_param, 2)  # activations in the model's dtype (float32 models: 4)
-    if args.max_cpu_memory_gb:
-        cap = int(args.max_cpu_memory_gb * GIB)
-        if cap > cpu_available:
-            notes.append(f"cap {gib(cap)} is above what the worker has free ({gib(cpu_available)})")
-        cpu_budget = min(cap, cpu_available)
-    else:
-        cpu_budget = cpu_available
+    cpu_budget = capped(
+        args.max_cpu_memory_gb,
+        cpu_available,
+        "calibration.max_cpu_memory_gb",
+        f"what the worker has free ({gib(cpu_available)})",
+        notes,
+    )
+    gpu_of_free = int(GPU_SHARE * gpu_available)
+    gpu_budget = capped(
+        args.max_gpu_memory_gb if gpu_available else 0,
+        gpu_of_free,
+        "calibration.max_gpu_memory_gb",
+        f"{GPU_SHARE:.0%} of the {gib(gpu_available)} free",
+        notes,
+    )
+    if args.max_gpu_memory_gb and not gpu_available:
+        # Not refused: one deployment's parameters run on every worker of its pool, and a cap
+        # on a GPU's memory is met where there is none.
+        notes.append(
+            "calibration.max_gpu_memory_gb does not apply: this worker has no GPU, so "
+            "calibration computes on CPU"
+        )
+    limit = gpu_limit(gpu_budget, gpu_available, GPU_SHARE, gpu_budget < gpu_of_free)
     common = dict(
         weight_bytes=weights,
         largest_layer_bytes=int(shape.largest_layer * per_param),
         cpu_available_bytes=cpu_budget,
         gpu_available_bytes=gpu_available,
+        gpu_budget_bytes=gpu_budget,
+        gpu_share=GPU_SHARE if gpu_available else 0,
+        gpu_capped=gpu_budget < gpu_of_free,
         sequential_offload_device=args.sequential_offload_device,
         moe_calibrate_all_experts=args.moe_calibrate_all_experts,
     )
@@ -321,7 +360,14 @@ def make_plan(
     if scheme and args.path != "classic":
         _, _, shard = checkpoint_modules(Path(model.path))
         needed = CPU_RESERVE + SHARD_FACTOR * shard
-        if needed > cpu_budget and not gpu_available:
+        on_gpu = GPU_RESERVE + SHARD_FACTOR * shard
+        if gpu_available and on_gpu > gpu_budget:
+            notes.append(
+                f"model_free computes on cpu: {gib(on_gpu)} (the CUDA context and "
+                f"{SHARD_FACTOR} x the largest shard) is over {limit}"
+            )
+            device, on_gpu = "cpu", 0
+        if needed > cpu_budget and device == "cpu":
             raise ResourceError(
                 "calibration.max_cpu_memory_gb",
                 f"quantizing {model.model_id} shard by shard needs {gib(needed)} of CPU memory "
@@ -330,7 +376,7 @@ def make_plan(
                 "the checkpoint into smaller files",
             )
         notes.append(f"model_free: {scheme} needs no data; ignoring {', '.join(ignore) or 'none'}")
-        return MemoryPlan(
+        plan = MemoryPlan(
             path="model_free",
             placement="shards",
             device=device,
@@ -339,7 +385,7 @@ def make_plan(
             batch_bytes=0,
             largest_shard_bytes=shard,
             cpu_needed_bytes=needed,
-            gpu_needed_bytes=SHARD_FACTOR * shard if gpu_available else 0,
+            gpu_needed_bytes=on_gpu if device == "cuda" else 0,
             batch_size=1,
             sequential_prefetch=False,
             weights_in_memory_bytes=0,
@@ -349,6 +395,7 @@ def make_plan(
             notes=notes,
             **common,
         )
+        return with_gpu_cost(plan)
     if args.path == "auto" and why_not and not recipe.needs_data:
         notes.append(f"classic path: {why_not}")
 
@@ -366,11 +413,12 @@ def make_plan(
         width = 3 * shape.intermediate + 6 * shape.hidden
         return int(batch * longest * width * act + batch * shape.heads * longest**2 * 4)
 
+    in_flight = 2 if gpu_available and args.sequential_prefetch != "off" else 1  # prefetch
+    cached_on_gpu = args.sequential_offload_device == "cuda" and bool(gpu_available)
+
     def needs(batch: int, placement: str) -> tuple[int, int]:
         """(CPU, GPU) bytes for `batch` with the weights on `placement`."""
-        prefetch = 2 if gpu_available and args.sequential_prefetch != "off" else 1
-        on_device = state + batch_bytes(batch) * prefetch
-        cached_on_gpu = args.sequential_offload_device == "cuda" and gpu_available
+        on_device = state + batch_bytes(batch) * in_flight
         cpu = CPU_RESERVE + (0 if cached_on_gpu else activations)
         cpu += weights if placement in ("cpu", "gpu") else 2 * layer
         if gpu_available:
@@ -404,7 +452,13 @@ def make_plan(
     for placement in placements:
         for batch in sizes:
             cpu, gpu = needs(batch, placement)
-            if cpu <= cpu_budget and gpu <= gpu_available:
+            if cpu <= cpu_budget and gpu <= gpu_budget:
+                larger = sizes[max(sizes.index(batch) - 1, 0)]
+                larger_gpu = needs(larger, placement)[1]
+                if gpu_available and larger > batch and larger_gpu > gpu_budget:
+                    notes.append(
+                        f"batch {larger} would need {gib(larger_gpu)} of GPU memory, over {limit}"
+                    )
                 if placement == "disk":
                     notes.append(
                         f"the weights ({gib(weights)}) do not fit in {gib(cpu_budget)} of CPU "
@@ -413,7 +467,7 @@ def make_plan(
                 prefetch = {"on": True, "off": False}.get(
                     args.sequential_prefetch, bool(gpu_available)
                 )
-                return MemoryPlan(
+                plan = MemoryPlan(
                     path="classic",
                     placement=placement,
                     device=device,
@@ -422,6 +476,7 @@ def make_plan(
                     batch_bytes=batch_bytes(batch),
                     cpu_needed_bytes=cpu,
                     gpu_needed_bytes=gpu,
+                    gpu_batch_one_bytes=needs(1, placement)[1],
                     batch_size=batch,
                     sequential_prefetch=prefetch and gpu_available > 0,
                     weights_in_memory_bytes=weights if placement != "disk" else cpu_budget - cpu,
@@ -429,8 +484,43 @@ def make_plan(
                     notes=notes,
                     **common,
                 )
+                return with_gpu_cost(plan)
     cpu, gpu = needs(sizes[-1], "disk")
-    where = f"{gib(gpu)} of GPU memory (free: {gib(gpu_available)}) and " if gpu_available else ""
+    if cpu <= cpu_budget:  # CPU memory holds it with the weights on disk: the GPU cannot
+        fixes = [
+            f"raise calibration.max_gpu_memory_gb to {math.ceil(gpu / GIB * 10) / 10:g} or more"
+            if gpu_budget < gpu_of_free and gpu <= gpu_of_free
+            else f"run where the GPU has {gib(gpu / GPU_SHARE)} free or more"
+        ]
+        if sizes[-1] > 1:
+            fixes.append("set calibration.batch_size lower, or to 0 (the largest that fits)")
+        if cached_on_gpu:
+            fixes.append(
+                "set calibration.sequential_offload_device to cpu (the cached activations, "
+                f"{gib(activations)}, then wait in CPU memory)"
+            )
+        if in_flight > 1:
+            fixes.append(
+                "set calibration.sequential_prefetch to off (one batch on the GPU, not two)"
+            )
+        fixes.append("lower dataset.max_seq_len (a batch grows with its longest sample)")
+        raise ResourceError(
+            "calibration.max_gpu_memory_gb"
+            if gpu_budget < gpu_of_free
+            else ("calibration.batch_size" if sizes[-1] > 1 else "dataset.max_seq_len"),
+            f"calibrating {model.model_id} at batch {sizes[-1]} needs {gib(gpu)} of GPU memory "
+            f"(CUDA context {gib(GPU_RESERVE)}, largest layer {gib(layer)}, calibration state "
+            f"{gib(state)}, {in_flight} batch(es) in flight "
+            f"{gib(in_flight * batch_bytes(sizes[-1]))}"
+            + (f", cached activations {gib(activations)}" if cached_on_gpu else "")
+            + f"), but the plan may fill {limit}",
+            "; or ".join(fixes),
+        )
+    where = (
+        f"{gib(gpu)} of GPU memory (the plan may fill {gib(gpu_budget)}) and "
+        if gpu_available
+        else ""
+    )
     raise ResourceError(
         "calibration.max_cpu_memory_gb" if args.max_cpu_memory_gb else "dataset.text_samples",
         f"calibrating {model.model_id} needs {where}{gib(cpu)} of CPU memory even with its "
@@ -442,6 +532,12 @@ def make_plan(
         "more memory"
         + (", or raise calibration.max_cpu_memory_gb" if args.max_cpu_memory_gb else ""),
     )
+
+
+def with_gpu_cost(plan: MemoryPlan) -> MemoryPlan:
+    """The plan with a note of its GPU peak against batch 1's and the limit it keeps to."""
+    cost = plan.gpu_cost()
+    return plan.model_copy(update={"notes": [*plan.notes, cost]}) if cost else plan
 
 
 def offload_folder(args: CalibrationArgs, target: Path) -> str:

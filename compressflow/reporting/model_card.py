@@ -19,7 +19,13 @@ from compressflow.limits import MAX_TEXT_BYTES
 from compressflow.registries.presets import KV_CACHE_FP8
 from compressflow.reporting.artifacts import display_name, location_markdown, logit_figures
 from compressflow.reporting.tradeoff import SVG_FILE, tradeoff_markdown
-from compressflow.results import EvaluationReport, ServingCheck, TargetSearch, Verification
+from compressflow.results import (
+    EvaluationReport,
+    MemoryPlan,
+    ServingCheck,
+    TargetSearch,
+    Verification,
+)
 from compressflow.store.manifest import Manifest, read_manifest
 
 CARD = "README.md"
@@ -103,6 +109,20 @@ def calibration_lines(manifest: Manifest) -> str:
         f"- **Calibration data**: {dataset['num_samples']} samples from `{dataset['source']}`, "
         f"at most {given.get('max_seq_len')} tokens each ({stats['total']:.0f} tokens), "
         f"sampled with seed {given.get('seed')}\n"
+    )
+
+
+def memory_line(plan: MemoryPlan | None) -> str:
+    """Where calibration kept the weights, and on a GPU what its batch cost over batch 1."""
+    if plan is None:
+        return ""
+    free = plan.path == "model_free"
+    where = "no model built" if free else f"weights on {plan.placement}"
+    cost = plan.gpu_cost() or ("" if free else f"batch {plan.batch_size}")
+    return (
+        f"- **Calibration memory**: {plan.path} path, {where}, computed on {plan.device}"
+        + (f"; {cost}" if cost else "")
+        + "\n"
     )
 
 
@@ -226,6 +246,7 @@ def card_body(
         + (f" ({modifiers})" if modifiers else "")
         + f", scheme {result.scheme or 'none'}; `recipe.yaml` beside the weights\n"
         f"{calibration_lines(manifest)}"
+        f"{memory_line(manifest.memory_plan)}"
         f"- **Size**: {result.size_bytes / 1e6:.1f} MB (original "
         f"{result.original_size_bytes / 1e6:.1f} MB, ratio {result.compression_ratio:.2f}x)\n"
         f"- **Verified**: {verified(manifest.verification)}\n"

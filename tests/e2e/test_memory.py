@@ -107,6 +107,10 @@ def test_the_chosen_knobs_are_in_the_manifest(w4a16_run):
     assert plan_["sequential_offload_device"] == "cpu" and plan_["sequential_prefetch"] is False
     assert manifest["inputs"]["calibration"]["batch_size"] == 4
     assert (target / "recipe.yaml").exists()
+    card = (target / "README.md").read_text()
+    assert (
+        "- **Calibration memory**: classic path, weights on cpu, computed on cpu; batch 4\n" in card
+    )
 
 
 def hanging_collator(batch):

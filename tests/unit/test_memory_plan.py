@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from support.plans import BF16_BYTES, LLAMA_8B, Config, data, model_8b
 
 from compressflow.errors import ResourceError
@@ -20,8 +21,9 @@ from compressflow.model.memory import (
     stage_offload_folder,
     truncated_share,
 )
-from compressflow.params import CalibrationArgs, RecipeArgs
+from compressflow.params import GPU_SHARE, CalibrationArgs, RecipeArgs
 from compressflow.recipes.render import render
+from compressflow.reporting.model_card import memory_line
 
 
 def plan(tmp_path, cpu_gib, gpu_gib=0, recipe="W4A16", dataset=None, **args):
@@ -186,3 +188,95 @@ def test_a_cpu_worker_calibrates_one_sample_per_batch_unless_asked(tmp_path):
     assert (automatic.device, automatic.batch_size) == ("cpu", 1)
     assert any("computed on CPU" in note for note in automatic.notes)
     assert plan(tmp_path, cpu_gib=120, batch_size=8).batch_size == 8
+
+
+# Llama-3.1-8B, 256 x 2048 tokens, GPTQ, batches prefetched: batch 16 plans 27.23 GiB of GPU
+# memory, batch 8 15.11 GiB, batch 1 4.50 GiB (CUDA context, a layer, its Hessians, two batches).
+
+
+def test_a_gpu_cap_lowers_the_batch_and_the_notes_say_what_it_costs(tmp_path):
+    free = plan(tmp_path, cpu_gib=120, gpu_gib=78.7)
+    capped = plan(tmp_path, cpu_gib=120, gpu_gib=78.7, max_gpu_memory_gb=20)
+    assert (free.batch_size, capped.batch_size) == (16, 8)
+    assert capped.gpu_needed_bytes <= capped.gpu_budget_bytes == 20 * GIB and capped.gpu_capped
+    assert capped.gpu_batch_one_bytes == free.gpu_batch_one_bytes < capped.gpu_needed_bytes
+    cap = "the 20.00 GiB cap (calibration.max_gpu_memory_gb, below 90% of the 78.70 GiB free)"
+    assert capped.notes[-2:] == [
+        f"batch 16 would need 27.23 GiB of GPU memory, over {cap}",
+        f"batch 8: 15.11 GiB planned GPU peak, +10.61 GiB over batch 1, within {cap}",
+    ]
+    assert free.notes[-1] == (
+        "batch 16: 27.23 GiB planned GPU peak, +22.73 GiB over batch 1, within 90% of the "
+        "78.70 GiB free"
+    )
+    assert "GPU 15.11 GiB of 20.00 GiB; batch 8" in capped.summary()
+    assert memory_line(capped) == (
+        "- **Calibration memory**: classic path, weights on gpu, computed on cuda; "
+        f"{capped.notes[-1]}\n"
+    )
+
+
+def test_without_a_cap_the_plan_keeps_to_its_share_of_the_free_gpu_memory(tmp_path):
+    """Batch 16 (27.23 GiB) fits in 29 GiB free, not in 90% of it: batch 8 is planned."""
+    assert GPU_SHARE == 0.9
+    result = plan(tmp_path, cpu_gib=120, gpu_gib=29)
+    assert result.batch_size == 8 and not result.gpu_capped
+    assert result.gpu_needed_bytes <= result.gpu_budget_bytes == int(GPU_SHARE * 29 * GIB)
+    assert "batch 16 would need 27.23 GiB of GPU memory, over 90% of the 29.00 GiB free" in (
+        result.notes
+    )
+    above = plan(tmp_path, cpu_gib=120, gpu_gib=29, max_gpu_memory_gb=29)
+    assert above.batch_size == 8 and not above.gpu_capped
+    assert above.notes[0] == (
+        "calibration.max_gpu_memory_gb (29.00 GiB) is above 90% of the 29.00 GiB free: the plan "
+        "keeps to 26.10 GiB"
+    )
+
+
+def test_a_gpu_cap_not_even_batch_1_fits_under_is_refused_with_the_need_and_the_fix(tmp_path):
+    with pytest.raises(ResourceError) as raised:
+        plan(tmp_path, cpu_gib=120, gpu_gib=78.7, max_gpu_memory_gb=4)
+    error = raised.value
+    assert error.field == "calibration.max_gpu_memory_gb"
+    assert "at batch 1 needs 4.50 GiB of GPU memory (CUDA context 1.00 GiB" in error.problem
+    assert error.problem.endswith(
+        "but the plan may fill the 4.00 GiB cap (calibration."
+        "max_gpu_memory_gb, below 90% of the 78.70 GiB free)"
+    )
+    assert error.fix.startswith("raise calibration.max_gpu_memory_gb to 4.6 or more; or set ")
+    assert "calibration.sequential_prefetch to off" in error.fix
+    # A batch the user fixed is refused at that batch, pointing at a smaller one too.
+    with pytest.raises(ResourceError) as raised:
+        plan(tmp_path, cpu_gib=120, gpu_gib=78.7, max_gpu_memory_gb=5, batch_size=4)
+    assert "at batch 4 needs 9.05 GiB" in raised.value.problem
+    assert "set calibration.batch_size lower, or to 0" in raised.value.fix
+    # Without a cap, a GPU too small for batch 1 asks for a bigger one.
+    with pytest.raises(ResourceError) as raised:
+        plan(tmp_path, cpu_gib=120, gpu_gib=4)
+    assert raised.value.field == "dataset.max_seq_len"
+    assert raised.value.fix.startswith("run where the GPU has 5.00 GiB free or more")
+
+
+def test_a_gpu_cap_on_a_worker_without_a_gpu_is_noted_and_nonsense_is_refused(tmp_path):
+    """One deployment's parameters run on every worker of its pool: a GPU cap is met on a CPU
+    worker, so it is noted there rather than refused. 0 is no cap (as for CPU memory: a form
+    field is never `X | None`); below 0, inf or nan is refused before any check runs."""
+    result = plan(tmp_path, cpu_gib=120, max_gpu_memory_gb=4)
+    assert (result.device, result.gpu_budget_bytes) == ("cpu", 0)
+    assert result.notes[0].startswith("calibration.max_gpu_memory_gb does not apply: this worker")
+    assert memory_line(result).endswith("computed on cpu; batch 1\n")
+    assert plan(tmp_path, cpu_gib=120, gpu_gib=78.7, max_gpu_memory_gb=0).gpu_budget_bytes == int(
+        GPU_SHARE * 78.7 * GIB
+    )
+    for nonsense in (-2, float("inf"), float("nan")):
+        with pytest.raises(ValidationError, match="calibration.max_gpu_memory_gb"):
+            validate(model={"model_id": "m"}, calibration={"max_gpu_memory_gb": nonsense})
+
+
+def test_model_free_computes_on_cpu_when_the_gpu_budget_is_too_small(tmp_path):
+    result = plan(tmp_path, cpu_gib=120, gpu_gib=78.7, recipe="FP8_DYNAMIC", max_gpu_memory_gb=0.5)
+    assert (result.path, result.device, result.gpu_needed_bytes) == ("model_free", "cpu", 0)
+    assert result.notes[0].startswith("model_free computes on cpu: 1.00 GiB (the CUDA context and")
+    on_gpu = plan(tmp_path, cpu_gib=120, gpu_gib=78.7, recipe="FP8_DYNAMIC")
+    assert on_gpu.device == "cuda"
+    assert on_gpu.notes[-1].startswith("shard by shard: 1.00 GiB planned GPU peak, within 90%")

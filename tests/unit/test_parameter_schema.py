@@ -49,6 +49,7 @@ def test_the_form_shows_limits_and_choices():
     calibration = definitions["CalibrationArgs"]["properties"]
     assert calibration["path"]["enum"] == ["auto", "classic", "model_free"]
     assert calibration["max_cpu_memory_gb"]["minimum"] == 0
+    assert calibration["max_gpu_memory_gb"]["minimum"] == 0
     assert calibration["sequential_prefetch"]["enum"] == ["auto", "on", "off"]
     gate = schema_of("flows/evaluate.py:evaluate")["definitions"]["QualityGate"]["properties"]
     assert gate["on_threshold"]["enum"] == ["fail", "flag"]
