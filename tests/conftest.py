@@ -106,7 +106,7 @@ def yardstick(test_root):
     minutes, with calibration and held-out text; built once per session."""
     from compressflow.demo.yardstick import build_yardstick
 
-    return build_yardstick(test_root / "yardstick")
+    return build_yardstick(test_root / "yardstick")  # built already: pytest_collection_finish
 
 
 @pytest.fixture()
@@ -290,6 +290,15 @@ def pytest_collection_modifyitems(items):
             item.add_marker(TIER_MARKERS[tier])
         elif tier == "unit" and (needs := SERVER_FIXTURES & set(item.fixturenames)):
             raise pytest.UsageError(f"{item.nodeid} needs a server ({', '.join(needs)}): tests/e2e")
+
+
+def pytest_collection_finish(session):
+    # The yardstick trains on two threads, which spin while another process holds their core
+    # (four times slower beside a busy one): built before any server, worker or test starts.
+    if any("yardstick" in getattr(item, "fixturenames", ()) for item in session.items):
+        from compressflow.demo.yardstick import build_yardstick
+
+        build_yardstick(_ROOT / "yardstick")
 
 
 def pytest_sessionstart(session):
