@@ -28,6 +28,90 @@ from compressflow.data.local_text import python_docs
 REPO = Path(__file__).resolve().parent.parent
 RESULT_PREFIX = "BENCH_RESULT "
 
+# The random-weight Llamas the benchmarks build, by name: LlamaConfig's shape, plus `vocab_size`
+# (default: the demo tokenizer's size) and `dtype` (default float32). random: the issue's
+# benchmark size; random-1b: Llama-3.2-1B's layers (a 2k vocabulary) for a GPU host, where the
+# small model's calibration takes seconds and the fixed overhead is all one sees; 8b:
+# Llama-3.1-8B's shape in bf16 (16 GB); smoke: 8b's code path at a size a CPU runs in seconds
+# (`benchmarks/gpu.sh run --smoke`).
+RANDOM_MODELS = {
+    "random": dict(
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=6,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+    ),
+    "random-1b": dict(
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+    ),
+    "8b": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        dtype="bfloat16",
+    ),
+    "smoke": dict(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=4096,
+        dtype="bfloat16",
+    ),
+}
+
+
+def build_random_llama(
+    path: Path, shape: dict, tokenizer_vocab: int = 2048, shard: str = "5GB"
+) -> Path:
+    """A random-weight Llama of `shape` (a `RANDOM_MODELS` entry) with the demo's tokenizer,
+    saved in `shard`-sized files, unless one with the same shape is already at `path`.
+
+    Initialised on the GPU where there is one: 8B parameters take a second there and minutes on
+    the CPU, so a GPU host's time goes to saving them (16 GB). Run it in a process of its own
+    before measuring: the builder's peak and its CUDA context would otherwise stay in the parent.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from compressflow.demo.assets import build_tokenizer
+
+    marker = path / "random_llama.json"
+    wanted = {**shape, "tokenizer_vocab": tokenizer_vocab}
+    if marker.exists() and json.loads(marker.read_text()) == wanted:
+        return path
+    tokenizer = build_tokenizer(tokenizer_vocab)
+    layout = {k: v for k, v in shape.items() if k not in ("vocab_size", "dtype")}
+    config = LlamaConfig(
+        vocab_size=shape.get("vocab_size", len(tokenizer)),
+        **layout,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, shape.get("dtype", "float32")))  # made in it, not cast
+    try:
+        with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default)
+    model.save_pretrained(path, max_shard_size=shard)
+    tokenizer.save_pretrained(path)
+    marker.write_text(json.dumps(wanted))  # written last: its presence means complete
+    return path
+
 
 def long_texts(tokenizer, samples: int, tokens: int) -> list[str]:
     """`samples` texts that each tokenize to at least `tokens` tokens with `tokenizer`.
@@ -230,6 +314,15 @@ def run_child(args: list[str], env: dict[str, str], log_path: Path) -> ChildRun:
     )
 
 
+def record(path: str | None, variant: str, run: ChildRun) -> None:
+    """Append one finished run's figures to `path` (a benchmark's `--record`) as a JSON line,
+    as soon as it ends: `benchmarks/gpu.sh` builds its table from them, also when a step was cut
+    short by its time limit after some of its runs."""
+    if path:
+        with open(path, "a") as out:
+            out.write(json.dumps({"variant": variant, **vars(run)}) + "\n")
+
+
 def own_peak_mb() -> float:
     """This process's own peak resident memory, exact (`VmHWM`), children not counted.
 
@@ -295,3 +388,15 @@ def stop_server(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def build_in_child(path: Path, name: str) -> Path:
+    """`build_random_llama(path, RANDOM_MODELS[name])` in a process of its own (see there)."""
+    subprocess.run(
+        [sys.executable, "-m", "benchmarks.common", name, str(path)], cwd=REPO, check=True
+    )
+    return path
+
+
+if __name__ == "__main__":  # python -m benchmarks.common NAME FOLDER: build that model there
+    build_random_llama(Path(sys.argv[2]), RANDOM_MODELS[sys.argv[1]])

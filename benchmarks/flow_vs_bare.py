@@ -24,7 +24,8 @@ order they are freed: benchmarks/README.md), so read the memory ratio over sever
 
 On a GPU host each run's GPU memory in use (NVML, the whole device) is printed beside its RAM.
 `--model random-1b` has Llama-3.2-1B's layers: there a GPU calibration lasts long enough for more
-than the fixed start to show.
+than the fixed start to show; `--model 8b` has Llama-3.1-8B's, in bf16 (`benchmarks/gpu.sh` runs
+both, `--record` keeping each finished run's figures for its table).
 
 `--model yardstick` runs the same comparison on the learned-weights yardstick
 (`compressflow.demo.yardstick`, 6 layers, 128 wide), calibrated on its training texts, and then
@@ -53,11 +54,14 @@ import time
 from pathlib import Path
 
 from benchmarks.common import (
+    RANDOM_MODELS,
     ChildRun,
+    build_in_child,
     long_texts,
     median,
     own_peak_mb,
     print_result,
+    record,
     run_child,
     start_server,
     stop_server,
@@ -71,31 +75,11 @@ PRESET = "W4A16"
 MODULE = "benchmarks.flow_vs_bare"
 
 
-# The random-weight models, by --model: the issue's benchmark size, and Llama-3.2-1B's layers
-# (0.9B parameters, a 2k vocabulary) for a GPU host, where the small model's calibration takes
-# seconds and the fixed overhead is all one sees.
-RANDOM_MODELS = {
-    "random": dict(
-        hidden_size=768,
-        intermediate_size=2048,
-        num_hidden_layers=6,
-        num_attention_heads=12,
-        num_key_value_heads=4,
-    ),
-    "random-1b": dict(
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-    ),
-}
-
-
-def model_spec(name: str = "random"):
+def model_spec():
+    """The benchmark size (`RANDOM_MODELS["random"]`) for `demo.assets.build_tiny_llama`."""
     from compressflow.demo.assets import TinyLlamaSpec
 
-    return TinyLlamaSpec(**RANDOM_MODELS[name])
+    return TinyLlamaSpec(**RANDOM_MODELS["random"])
 
 
 # --- children -----------------------------------------------------------------------------------
@@ -200,7 +184,6 @@ def prepare(work: Path, args) -> tuple[Path, Path, Path]:
     """The model, the texts (each reaching max_seq_len tokens) and the rendered recipe."""
     from transformers import AutoTokenizer
 
-    from compressflow.demo.assets import build_tiny_llama
     from compressflow.params import RecipeArgs
     from compressflow.recipes.render import render
 
@@ -208,7 +191,7 @@ def prepare(work: Path, args) -> tuple[Path, Path, Path]:
         built = yardstick(work)
         model, data = built.model, built.calibration
     else:
-        model = build_tiny_llama(work / "model", model_spec(args.model))
+        model = build_in_child(work / "model", args.model)
         tokenizer = AutoTokenizer.from_pretrained(model)
         data = write_jsonl(
             work / "data.jsonl", long_texts(tokenizer, args.samples, args.max_seq_len)
@@ -311,6 +294,7 @@ def run_round(r: int, work: Path, inputs, env, api_url, args) -> dict[str, Child
     def run(name: str, kind: str, out: Path, child_env: dict[str, str]) -> None:
         log = folder / f"{re.sub(r'[^a-z]+', '-', name).strip('-')}.log"
         runs[name] = run_child(child_args(kind, model, data, recipe, out, args), child_env, log)
+        record(args.record, name, runs[name])
         phases = ", ".join(f"{k} {v:.1f}" for k, v in runs[name].result.get("phases", {}).items())
         run_ = runs[name]
         gpu = f", GPU {run_.peak_gpu_mb:.0f} MB" if run_.peak_gpu_mb else ""
@@ -426,8 +410,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=[*RANDOM_MODELS, "yardstick"],
         default="random",
         help="random: a 6-layer, 768-wide random-weight Llama; random-1b: Llama-3.2-1B's layers "
-        "with random weights (for a GPU host); yardstick: the learned-weights yardstick, with "
-        "its held-out perplexity for each output",
+        "with random weights (for a GPU host); 8b: Llama-3.1-8B's, bf16 (a GPU host); smoke: "
+        "8b's path, tiny; yardstick: the learned-weights yardstick, with its held-out "
+        "perplexity for each output (benchmarks.common.RANDOM_MODELS)",
+    )
+    parser.add_argument(
+        "--record", help="append each finished run's figures to this file as JSON lines"
     )
     parser.add_argument("--workdir", help="keep everything here (default: a temporary folder)")
     parser.add_argument(
@@ -457,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     print(
         f"work folder {work}; {args.samples} samples x {args.max_seq_len} tokens, {PRESET}, "
-        f"model {args.model if args.model == 'yardstick' else model_spec(args.model)}",
+        f"model {args.model if args.model == 'yardstick' else RANDOM_MODELS[args.model]}",
         flush=True,
     )
     inputs = prepare(work, args)

@@ -21,7 +21,11 @@ reading both checkpoints, then the reloaded output's logits. Every design is mea
 run.
 
     python -m benchmarks.large_model [--layers 20] [--cap-gb 2.8] [--skip-bare-gptq]
-                                     [--only fp8|gptq]
+                                     [--only fp8|gptq] [--shape 8b] [--no-reads]
+
+`--shape NAME` replaces the 2048-wide float32 model with one of `common.RANDOM_MODELS` (8b:
+Llama-3.1-8B's shape in bf16, 16 GB in 5 GB shards, as `benchmarks/gpu.sh` runs it); `--no-reads`
+skips the process that counts verification's reads (several more passes over the weights).
 
 Targets: flow FP8 / bare FP8 peak RSS <= 0.5; flow GPTQ peak RSS <= 0.6 x the model's bytes.
 Exits 1 when one is missed. The model and data are built once under --work (default
@@ -39,10 +43,13 @@ import sys
 from pathlib import Path
 
 from benchmarks.common import (
+    RANDOM_MODELS,
     REPO,
     ChildRun,
+    build_random_llama,
     long_texts,
     print_result,
+    record,
     run_child,
     start_server,
     stop_server,
@@ -56,36 +63,19 @@ MODULE = "benchmarks.large_model"
 SAMPLES, MAX_SEQ_LEN = 16, 256
 
 
-def build_model(path: Path, layers: int) -> Path:
-    """A random float32 Llama in several shards, with the demo's trained tokenizer."""
-    marker = path / "bench_layers.json"
-    if marker.exists() and json.loads(marker.read_text()) == layers:
-        return path
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from compressflow.demo.assets import build_tokenizer
-
-    tokenizer = build_tokenizer(4096)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
+def build_model(path: Path, layers: int, shape: str | None) -> Path:
+    """A random Llama in several shards, with the demo's trained tokenizer: `RANDOM_MODELS[shape]`,
+    or by default a float32 one, 2048 wide, in ~300 MB shards."""
+    if shape:
+        return build_random_llama(path, RANDOM_MODELS[shape])
+    default = dict(
         hidden_size=2048,
         intermediate_size=5632,
         num_hidden_layers=layers,
         num_attention_heads=16,
         num_key_value_heads=4,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
     )
-    torch.manual_seed(0)
-    with torch.device("cpu"):
-        model = LlamaForCausalLM(config).to(torch.float32)
-    model.save_pretrained(path, max_shard_size="300MB")
-    tokenizer.save_pretrained(path)
-    marker.write_text(json.dumps(layers))
-    return path
+    return build_random_llama(path, default, tokenizer_vocab=4096, shard="300MB")
 
 
 GPTQ_RECIPE = """
@@ -283,6 +273,11 @@ def main() -> int:
     parser.add_argument("--cap-gb", type=float, default=2.8)
     parser.add_argument("--skip-bare-gptq", action="store_true")
     parser.add_argument("--only", choices=["fp8", "gptq"], help="run one scheme's variants")
+    parser.add_argument("--shape", choices=list(RANDOM_MODELS), help="a model of this shape")
+    parser.add_argument(
+        "--no-reads", dest="reads", action="store_false", help="skip counting verify's reads"
+    )
+    parser.add_argument("--record", help="append each run's figures to this file (JSON lines)")
     parser.add_argument("--child", choices=["bare", "flow", "build", "reads"])
     parser.add_argument("--plan", help="the flow's memory plan, as JSON (--child=reads)")
     parser.add_argument("--scheme", choices=["fp8", "gptq"])
@@ -291,7 +286,7 @@ def main() -> int:
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.child == "build":
-        build_model(args.work / "model", args.layers)
+        build_model(args.work / "model", args.layers, args.shape)
         return 0
     if args.child:
         {"bare": bare_child, "flow": flow_child, "reads": reads_child}[args.child](args)
@@ -307,6 +302,7 @@ def main() -> int:
             "--child=build",
             f"--work={args.work}",
             f"--layers={args.layers}",
+            *([f"--shape={args.shape}"] if args.shape else []),
         ],
         cwd=REPO,
         check=True,
@@ -320,7 +316,8 @@ def main() -> int:
         args.work / "data.jsonl",
         long_texts(AutoTokenizer.from_pretrained(model), SAMPLES, MAX_SEQ_LEN),
     )
-    print(f"model: {model_bytes / 1e9:.2f} GB in {shards} shards ({args.layers} layers, float32)")
+    shape = RANDOM_MODELS[args.shape] if args.shape else f"{args.layers} layers, float32"
+    print(f"model: {model_bytes / 1e9:.2f} GB in {shards} shards ({shape})")
     runs = [("bare", "fp8"), ("flow", "fp8"), ("flow", "gptq")]
     if not args.skip_bare_gptq:
         runs.insert(2, ("bare", "gptq"))
@@ -365,7 +362,8 @@ def measure(args, child: str, scheme: str, model: Path, data: Path, api_url: str
         f"--cap-gb={args.cap_gb if scheme == 'gptq' else 0}",
     ]
     run = run_child(command, env, home / "log.txt")
-    if child == "flow" and run.result["plan"]["path"] == "model_free":
+    record(args.record, f"{child} {scheme}", run)
+    if child == "flow" and run.result["plan"]["path"] == "model_free" and args.reads:
         # In a process of its own after the run, so neither the flow's peak nor its wall has it.
         reads = [MODULE, "--child=reads", f"--model={model}", f"--out={home / 'out'}"]
         plan = f"--plan={json.dumps(run.result['plan'])}"
@@ -402,7 +400,7 @@ def report(args, results: dict, model_bytes: int) -> int:
         after = results["flow", "fp8"]
         print(f"flow FP8: {verify_figures(after.result, model_bytes)}")
         print(f"flow FP8 / bare FP8 wall: {after.wall_s / results['bare', 'fp8'].wall_s:.2f}")
-    if ("flow", "fp8") in results:
+    if ("flow", "fp8") in results and args.reads:
         parts = after.result["verify_parts"]
 
         def reads(*steps: str) -> float:
@@ -431,7 +429,7 @@ def verify_figures(result: dict, model_bytes: int) -> str:
     steps = ", ".join(
         f"{name} {part['seconds']:.1f} s, {part['bytes'] / 1e9:.2f} GB read "
         f"({part['bytes'] / model_bytes:.2f} x source, {part['bytes'] / out:.2f} x output)"
-        for name, part in result["verify_parts"].items()
+        for name, part in result.get("verify_parts", {}).items()  # none with --no-reads
     )
     return (
         f"model_free_ptq {result['calibrate_s']:.1f} s, verify with the reference "
