@@ -285,6 +285,34 @@ def test_a_model_free_reload_checks_the_keys_reading_no_weight(tiny_model, tmp_p
     assert not check.passed and "missing keys" in check.detail and lost in check.detail
 
 
+def test_a_model_free_verification_reads_the_source_once_and_the_output_once(
+    tiny_model, tmp_path, monkeypatch, counted_reads
+):
+    """The whole verification of a model-free run (the reference, every check but vLLM's, which
+    a server's own load reads): each source tensor is read once, no output tensor twice, and
+    the reload reads headers only (transformers' loader fails the test on a read of data)."""
+    import transformers.modeling_utils
+
+    from compressflow.params import VerifyArgs
+    from compressflow.results import Calibration
+    from compressflow.verification.registry import CHECKS
+    from compressflow.verification.run import run_checks
+
+    out, model, plan = model_free_output(tiny_model, tmp_path)
+    model = model.model_copy(update={"model_id": "tiny"})
+    recipe = RECIPE.model_copy(update={"scheme": "FP8_DYNAMIC", "source": "preset:FP8_DYNAMIC"})
+    calibration = Calibration(staging_path=str(out), seconds=1, peak_rss_mb=1, checkpoint_bytes=1)
+    monkeypatch.setattr(transformers.modeling_utils, "safe_open", HeadersOnly)
+    counted_reads.clear()
+    result = run_checks(calibration, model, recipe, plan, VerifyArgs(vllm="off"))
+    assert result.passed and [c.name for c in result.checks] == list(CHECKS), result.checks
+    source = {name for file, name in counted_reads if file.parent == tiny_model.resolve()}
+    output = {name for file, name in counted_reads if file.parent == out.resolve()}
+    assert max(counted_reads.values()) == 1  # one read of each tensor, whichever checkpoint
+    assert source == set(load_file(next(tiny_model.glob("*.safetensors"))))
+    assert output and output <= set(load_file(next(out.glob("*.safetensors"))))
+
+
 def test_a_linear_fed_its_rows_out_of_order_turns_the_one_pass_down(
     tiny_model, tmp_path, monkeypatch
 ):
