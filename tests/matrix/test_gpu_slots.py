@@ -10,7 +10,7 @@ Prefect run log ("Waiting ..." / "Calibrating on ..." / "Released ..."), written
 task; the server's limits say who holds a GPU now. The runs calibrate through a collator of this
 module that holds their first batch until the test has seen all four GPUs held: on two busy
 cores they reach their slots seconds apart, and a tiny calibration is over in seconds. Five tiny
-compress runs, four at once: about 150 s on two cores shared with other work.
+compress runs, four at once: 80 to 150 s on two cores shared with other work.
 """
 
 from __future__ import annotations
