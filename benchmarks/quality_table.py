@@ -8,8 +8,18 @@ held-out files, against the base. Presets that calibrate on data run once per ca
 sampling seed (`dataset.seed`), so the table states the run-to-run spread; data-free ones are
 deterministic and run once.
 
+The same evaluation runs the project's own offline lm-eval tasks on both models
+(`compressflow/reporting/harness.py`, built from the yardstick's held-out file): word perplexity
+(loglikelihood_rolling) and which of four lines comes next (multiple choice, acc and acc_norm).
+Their columns give each metric's compressed value and its recovery (percent of the base's score,
+inverted for perplexity: the evaluation's lm_eval_recovery), with the seed range where there are
+seeds, and the lm-eval backend that scored them: transformers unless `--lm-eval-backend auto`
+lets a worker with a vLLM environment use vLLM. `--lm-eval-limit N` scores the first N texts and
+questions per task (0: every held-out text). They are reported; no target is set on them.
+
     python -m benchmarks.quality_table [--seeds 0,1,2] [--samples 256] [--held-out 512]
         [--presets W4A16,FP8_DYNAMIC] [--workdir DIR] [--autoround-iters 200]
+        [--lm-eval-limit 0] [--lm-eval-backend hf]
 
 Recovery is base perplexity / compressed perplexity. The FP4 presets need a bf16 source
 (compressed-tensors unpacks FP4 as bf16), so they run on a bf16 copy of the yardstick and their
@@ -60,14 +70,36 @@ class Row:
     verify: list[tuple[float, float, float]] = field(default_factory=list)
     scheme: str | None = None
     failed: str = ""
+    # lm-eval per metric, one value per run: the compressed model's, its recovery %, the base's
+    lm_eval: dict[str, list[float]] = field(default_factory=dict)
+    lm_eval_recovery: dict[str, list[float]] = field(default_factory=dict)
+    lm_eval_base: dict[str, list[float]] = field(default_factory=dict)
+    lm_eval_backend: str = ""
 
     def recovery(self) -> list[float]:
         return [100 * b / p for b, p in zip(self.base_ppl, self.ppl, strict=True)]
 
 
-def environment(work: Path) -> None:
-    """Own Prefect home, caches and ClearML folder, offline; set before Prefect is imported."""
+def lm_eval_columns() -> dict[str, str]:
+    """{'<task>/<metric>': column title} of the lm-eval columns. byte_perplexity and
+    bits_per_byte are left out: the same summed log-likelihood as word_perplexity over another
+    count, they move in lockstep with it. (Imported here: the harness imports Prefect, which
+    must see `environment` first.)"""
+    from compressflow.reporting.harness import NEXT_LINE_TASK, PERPLEXITY_TASK
+
+    return {
+        f"{PERPLEXITY_TASK}/word_perplexity": "lm-eval word perplexity",
+        f"{NEXT_LINE_TASK}/acc": "lm-eval next-line acc",
+        f"{NEXT_LINE_TASK}/acc_norm": "lm-eval next-line acc_norm",
+    }
+
+
+def environment(work: Path, lm_eval_backend: str) -> None:
+    """Own Prefect home, caches and ClearML folder, offline; set before Prefect is imported.
+    lm_eval_backend 'hf' hides the worker's vLLM environment: lm-eval then runs on transformers."""
     (work / "prefect").mkdir(parents=True, exist_ok=True)
+    if lm_eval_backend == "hf":
+        os.environ["COMPRESSFLOW_VLLM_PYTHON"] = "off"
     os.environ.update(
         PREFECT_HOME=str(work / "prefect"),
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
@@ -98,6 +130,7 @@ def run_one(row: Row, seed: int, source: Path, yardstick, args, out: Path) -> No
     from compressflow.params import (
         DatasetArgs,
         HeldOutArgs,
+        LmEvalArgs,
         ModelArgs,
         OutputArgs,
         QualityGate,
@@ -105,6 +138,7 @@ def run_one(row: Row, seed: int, source: Path, yardstick, args, out: Path) -> No
         TrackingArgs,
         VerifyArgs,
     )
+    from compressflow.reporting.harness import OWN_TASKS
     from compressflow.store.manifest import read_manifest
 
     if row.name == RTN:
@@ -137,6 +171,11 @@ def run_one(row: Row, seed: int, source: Path, yardstick, args, out: Path) -> No
             max_seq_len=yardstick.spec.seq_len,
         ),
         gate=QualityGate(max_perplexity_increase_pct=0, max_kl=0),  # measure, never refuse
+        lm_eval=LmEvalArgs(
+            tasks=list(OWN_TASKS),
+            limit=args.lm_eval_limit,
+            held_out_file=str(yardstick.held_out),
+        ),
         tracking=TrackingArgs(enabled=False),
     )
     m = report.metrics
@@ -149,11 +188,21 @@ def run_one(row: Row, seed: int, source: Path, yardstick, args, out: Path) -> No
     row.base_ppl.append(m.base_perplexity)
     row.kl.append(m.kl_divergence)
     row.size, row.original_size = published.size_bytes, published.original_size_bytes
+    for name, value in report.lm_eval["compressed"].items():
+        row.lm_eval.setdefault(name, []).append(value)
+        row.lm_eval_base.setdefault(name, []).append(report.lm_eval["base"][name])
+    for name, pct in report.lm_eval_recovery.items():
+        row.lm_eval_recovery.setdefault(name, []).append(pct)
+    row.lm_eval_backend = report.lm_eval_backend or ""
     row.seconds.append(time.perf_counter() - started)
+    lm_eval = ", ".join(
+        f"{title} {report.lm_eval['compressed'][name]:.4g} ({report.lm_eval_recovery[name]:.2f}%)"
+        for name, title in lm_eval_columns().items()
+    )
     print(
         f"  {row.name} seed {seed}: perplexity {m.compressed_perplexity:.3f} (base "
-        f"{m.base_perplexity:.3f}, +{m.perplexity_increase_pct:.2f}%), KL {m.kl_divergence:.4f}, "
-        f"{row.seconds[-1]:.0f} s",
+        f"{m.base_perplexity:.3f}, +{m.perplexity_increase_pct:.2f}%), KL {m.kl_divergence:.4f}; "
+        f"{lm_eval} [{row.lm_eval_backend}]; {row.seconds[-1]:.0f} s",
         flush=True,
     )
 
@@ -166,30 +215,44 @@ def spread(values: list[float], fmt: str) -> str:
     return f"{mid} ({format(min(values), fmt)}-{format(max(values), fmt)})"
 
 
-def table(rows: list[Row], base_ppl: float, bf16_base: float | None, seeds: list[int]) -> str:
+def table(rows: list[Row], seeds: list[int]) -> str:
+    """The quality table; each base row's figures come from the first row scored against it."""
+    columns = lm_eval_columns()
     lines = [
         "| preset | runs | held-out perplexity | recovery % | perplexity increase % | KL "
-        "nats/token | weights MB (x smaller) |",
-        "|---|---|---|---|---|---|---|",
-        f"| base (float32) | - | {base_ppl:.3f} | 100 | 0 | 0 | - |",
+        "nats/token | weights MB (x smaller) | lm-eval backend | "
+        + " | ".join(f"{title}; recovery %" for title in columns.values())
+        + " |",
+        "|---" * (8 + len(columns)) + "|",
     ]
-    if bf16_base is not None:
+    for bf16, title in ((False, "base (float32)"), (True, "base (bf16 copy, for the FP4 presets)")):
+        scored = next((row for row in rows if row.bf16 == bf16 and row.base_ppl), None)
+        if scored is None:
+            continue
+        lm_eval = " | ".join(
+            f"{format(scored.lm_eval_base[metric][0], '.4g')}; 100" for metric in columns
+        )
         lines.append(
-            f"| base (bf16 copy, for the FP4 presets) | - | {bf16_base:.3f} | 100 | 0 | 0 | - |"
+            f"| {title} | - | {scored.base_ppl[0]:.3f} | 100 | 0 | 0 | - | "
+            f"{scored.lm_eval_backend} | {lm_eval} |"
         )
     for row in rows:
         if row.failed:
-            lines.append(f"| {row.name} | failed | {row.failed} | | | | |")
+            lines.append(f"| {row.name} | failed | {row.failed} |" + " |" * (5 + len(columns)))
             continue
         runs = f"{len(row.ppl)} seeds" if row.data and len(seeds) > 1 else "1 (data-free)"
         if row.data and len(seeds) == 1:
             runs = "1"
         increase = [100 * (p / b - 1) for p, b in zip(row.ppl, row.base_ppl, strict=True)]
         name = f"{row.name} (bf16 source)" if row.bf16 else row.name
+        lm_eval = " | ".join(
+            f"{spread(row.lm_eval[metric], '.4g')}; {spread(row.lm_eval_recovery[metric], '.2f')}"
+            for metric in columns
+        )
         lines.append(
             f"| {name} | {runs} | {spread(row.ppl, '.3f')} | {spread(row.recovery(), '.2f')} | "
             f"{spread(increase, '.2f')} | {spread(row.kl, '.4f')} | {row.size / 1e6:.2f} "
-            f"({row.original_size / max(row.size, 1):.2f}x) |"
+            f"({row.original_size / max(row.size, 1):.2f}x) | {row.lm_eval_backend} | {lm_eval} |"
         )
     return "\n".join(lines)
 
@@ -270,9 +333,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--presets", default="", help="comma-separated; default: every CPU one")
     parser.add_argument("--autoround-iters", type=int, default=200)
     parser.add_argument("--workdir", default="", help="keeps the yardstick and outputs")
+    parser.add_argument(
+        "--lm-eval-limit", type=int, default=0, help="questions per lm-eval task (0: all)"
+    )
+    parser.add_argument(
+        "--lm-eval-backend",
+        choices=("hf", "auto"),
+        default="hf",
+        help="hf: transformers; auto: vLLM where the worker's vLLM environment holds lm-eval",
+    )
     args = parser.parse_args(argv)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="quality-table-")).resolve()
-    environment(work)
+    environment(work, args.lm_eval_backend)
 
     from prefect.testing.utilities import prefect_test_harness
 
@@ -311,17 +383,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {row.name} seed {seed} FAILED: {row.failed}", flush=True)
                     break
 
-    base = [b for row in rows.values() if not row.bf16 for b in row.base_ppl]
-    bf16_base = [b for row in rows.values() if row.bf16 for b in row.base_ppl]
     print()
-    print(
-        table(
-            list(rows.values()),
-            base[0] if base else float("nan"),
-            bf16_base[0] if bf16_base else None,
-            seeds,
-        )
-    )
+    print(table(list(rows.values()), seeds))
     print()
     print("verify's logits check (its own texts), worst per scheme family:")
     print(verify_figures(list(rows.values())))
