@@ -169,12 +169,8 @@ def w4a16_run(tiny_model, test_root, prefect_harness) -> SharedRun:
         tracking=TrackingArgs(task_name="tracking test"),
         calibration=CalibrationArgs(batch_size=4, moe_calibrate_all_experts=False),
     )
-    from compressflow.settings import PROJECT_VLLM
-
-    built = (PROJECT_VLLM / ".installed").exists()
-    with pytest.MonkeyPatch.context() as env:  # served in vLLM where the environment is built
-        env.setenv("COMPRESSFLOW_VLLM_PYTHON", str(PROJECT_VLLM / "bin/python") if built else "off")
-        state = compress(**params, return_state=True)
+    # Without vLLM, as a worker without it publishes: test_vllm_checks.py serves it in a reuse.
+    state = compress(**params, return_state=True)
     return SharedRun(params=params, state=state, published=state.result())
 
 
@@ -199,12 +195,17 @@ def clearml_params():
 
 
 @pytest.fixture(scope="session")
-def prefect_stack(tmp_path_factory):
-    """A real `prefect server`, pools, deployments from prefect.yaml and a worker (~30 s)."""
-    from support.prefect_stack import running_stack
+def prefect_stack(request):
+    """A real `prefect server`, pools, deployments from prefect.yaml and a worker (~40 s),
+    started in the background when collection ended (pytest_collection_finish)."""
+    from support.prefect_stack import StackInBackground
 
-    with running_stack(tmp_path_factory.mktemp("prefect-e2e")) as stack:
-        yield stack
+    started = request.config.stash.get(EARLY_STACK, None)
+    started = started or StackInBackground(Path(tempfile.mkdtemp(dir=_ROOT, prefix="stack-")))
+    try:
+        yield started.wait()
+    finally:
+        started.close()
 
 
 @pytest.fixture
@@ -292,13 +293,32 @@ def pytest_collection_modifyitems(items):
             raise pytest.UsageError(f"{item.nodeid} needs a server ({', '.join(needs)}): tests/e2e")
 
 
+STACK_FIXTURES = {"prefect_stack", "stack_client", "stack"}
+EARLY_STACK = pytest.StashKey()
+
+
 def pytest_collection_finish(session):
+    if session.config.option.collectonly:
+        return
+    needed = {name for item in session.items for name in getattr(item, "fixturenames", ())}
     # The yardstick trains on two threads, which spin while another process holds their core
     # (four times slower beside a busy one): built before any server, worker or test starts.
-    if any("yardstick" in getattr(item, "fixturenames", ()) for item in session.items):
+    if "yardstick" in needed:
         from compressflow.demo.yardstick import build_yardstick
 
         build_yardstick(_ROOT / "yardstick")
+    # The real stack's ~40 s of start-up, all subprocesses, overlaps the tests before its first.
+    if STACK_FIXTURES & needed:
+        from support.prefect_stack import StackInBackground
+
+        home = Path(tempfile.mkdtemp(dir=_ROOT, prefix="stack-"))
+        session.config.stash[EARLY_STACK] = StackInBackground(home)
+
+
+def pytest_sessionfinish(session):
+    # Stopped here too when no test that needs it ran (an interrupted or failed-fast session).
+    if (started := session.config.stash.get(EARLY_STACK, None)) is not None:
+        started.close()
 
 
 def pytest_sessionstart(session):

@@ -15,7 +15,8 @@ PREFECT_API_URL and COMPRESSFLOW_OUTPUT_DIR pointing at this test's server and f
 - `workers`: every line verbatim, in the background, until the stack closes.
 
 Every process runs in its own process group and is stopped when the stack closes, whatever
-happened. One stack serves the whole test session (conftest's `prefect_stack`): about 40 s.
+happened. One stack serves the whole test session (conftest's `prefect_stack`): about 40 s, started in the
+background when collection ends (`StackInBackground`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -190,6 +192,39 @@ def running_stack(home: Path) -> Iterator[Stack]:
         yield stack
     finally:
         stack.stop_all()
+
+
+class StackInBackground:
+    """`running_stack` entered on a thread of its own, from the moment collection ends: its ~40 s
+    of server start, setup commands and workers (all subprocesses) overlap the tests that run
+    before the first one that needs it (the unit tier, the architecture matrix)."""
+
+    def __init__(self, home: Path) -> None:
+        self._context = running_stack(home)
+        self._stack: Stack | None = None
+        self._error: BaseException | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._enter, name="prefect-stack", daemon=True)
+        self._thread.start()
+
+    def _enter(self) -> None:
+        try:
+            self._stack = self._context.__enter__()
+        except BaseException as exc:  # pytest.fail's too: raised again in the test that waits
+            self._error = exc
+
+    def wait(self) -> Stack:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._stack
+
+    def close(self) -> None:
+        """Stops everything it started; again, or when the start failed, nothing."""
+        self._thread.join()
+        if self._stack is not None and not self._closed:
+            self._closed = True
+            self._context.__exit__(None, None, None)
 
 
 def cli(stack: Stack, *command: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
