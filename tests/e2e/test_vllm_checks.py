@@ -1,24 +1,23 @@
-"""Serving in vLLM in the flow: verify's vLLM check on the shared W4A16 run, its score in the
-manifest and the card, a reused output checked once vLLM is there, and the refusals when vLLM is
-required but missing.
+"""Serving in vLLM in the flow: the shared W4A16 run (conftest's `w4a16_run`, published without
+vLLM) served once vLLM is there, its score in the manifest and the card; and the refusals when
+vLLM is required but missing.
 
-vLLM starts from the project's environment (`make vllm-env`). The shared W4A16 run (conftest's
-`w4a16_run`) is served there when that environment exists, so the manifest and card tests cost
-no calibration of their own. The unit tests: tests/unit/test_vllm_serving.py.
+vLLM starts from the project's environment (`make vllm-env`). A fresh run that verify serves:
+tests/matrix/test_mixed_precision_yardstick.py; outputs vLLM refuses:
+tests/matrix/test_vllm_served_runs.py. The unit tests: tests/unit/test_vllm_serving.py.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 from support.models import cpu_has
 
 from compressflow.errors import InputError
 from compressflow.params import VerifyArgs
-from compressflow.results import ServingCheck, VerificationCheck
+from compressflow.results import ServingCheck
 
 
 def test_required_vllm_is_refused_before_any_work(
@@ -41,10 +40,31 @@ def test_required_vllm_is_refused_before_any_work(
 # With vLLM: the shared run, a reused output, the evaluation engine.
 
 
-def test_the_published_model_carries_vllms_score_in_manifest_and_card(w4a16_run, vllm_python):
+def test_an_output_published_without_vllm_is_served_once_vllm_is_there(
+    w4a16_run, with_vllm, tmp_path
+):
+    """The shared output, published where no vLLM environment was: rerun where vLLM now is, the
+    reuse serves it, and its manifest and card carry what vLLM made of it, not a stale "not
+    checked"; the next reuse serves it no more."""
     from huggingface_hub import ModelCard
 
-    folder = Path(w4a16_run.published.path)
+    from compressflow.flows.compress import compress
+    from compressflow.reporting.model_card import vllm_line
+    from compressflow.store.manifest import read_manifest
+
+    folder = tmp_path / "published-without-vllm"
+    shutil.copytree(w4a16_run.published.path, folder)
+    before = read_manifest(folder).verification.vllm
+    assert before.outcome == "not checked" and "COMPRESSFLOW_VLLM_PYTHON is off" in before.reason
+    assert f"- **vLLM**: {vllm_line(before)}" in (folder / "README.md").read_text()
+
+    params = {
+        **w4a16_run.params,
+        "output": w4a16_run.params["output"].model_copy(update={"save_directory": str(folder)}),
+    }
+    again = compress(**params)
+
+    assert again.reused and [s.name for s in again.stages][-1] == "verify"
     manifest = json.loads((folder / "manifest.json").read_text())
     served = ServingCheck.model_validate(manifest["verification"]["vllm"])
     (check,) = [c for c in manifest["verification"]["checks"] if c["name"] == "vllm"]
@@ -60,54 +80,13 @@ def test_the_published_model_carries_vllms_score_in_manifest_and_card(w4a16_run,
         assert served.outcome == "not checked" and "cpu_gemm_wna16" in served.reason
         assert not check["checked"] and check["detail"].startswith("a kernel this vLLM build lacks")
         assert f"not checked: {served.reason}" in card.text
-
+    assert vllm_line(before) not in card.text and f"- **vLLM**: {vllm_line(served)}" in card.text
+    assert "- **vllm**: " in card.text  # the verification list has the check's new line
     assert {"W4A16", "compressed-tensors"} <= set(card.data.tags)
     assert card.data.library_name == "transformers"
-    assert f"vllm serve {folder}" in card.text and w4a16_run.published.run_key in card.text
-
-
-def test_a_reused_output_published_without_vllm_is_checked_once_vllm_is_there(
-    w4a16_run, with_vllm, tmp_path
-):
-    """The shared output, as a worker without vLLM would have published it: rerun where vLLM now
-    is, the reuse serves it and its manifest and card say what vLLM made of it, not a stale "not
-    checked"; the next reuse serves it no more."""
-    from huggingface_hub import ModelCard
-
-    from compressflow.flows.compress import compress
-    from compressflow.reporting.model_card import vllm_line, with_verification
-    from compressflow.store.manifest import read_manifest, replace_manifest
-
-    folder = tmp_path / "published-without-vllm"
-    shutil.copytree(w4a16_run.published.path, folder)
-    manifest = read_manifest(folder)
-    no_environment = ServingCheck(outcome="not checked", reason="no vLLM environment configured")
-    unchecked = VerificationCheck(
-        name="vllm", passed=False, checked=False, detail=no_environment.reason
-    )
-    checks = [c for c in manifest.verification.checks if c.name != "vllm"] + [unchecked]
-    manifest.verification = manifest.verification.model_copy(
-        update={"checks": checks, "vllm": no_environment}
-    )
-    replace_manifest(folder, manifest)
-    (folder / "README.md").write_text(
-        with_verification((folder / "README.md").read_text(), manifest)
-    )
-    assert f"- **vLLM**: {vllm_line(no_environment)}" in (folder / "README.md").read_text()
-
-    params = {
-        **w4a16_run.params,
-        "output": w4a16_run.params["output"].model_copy(update={"save_directory": str(folder)}),
-    }
-    again = compress(**params)
-
-    assert again.reused and [s.name for s in again.stages][-1] == "verify"
-    served = read_manifest(folder).verification.vllm
-    assert served.vllm_version == "0.32.0"
-    assert served.outcome == ("served" if cpu_has("avx512f") else "not checked")
-    card = ModelCard.load(folder / "README.md").text
-    assert vllm_line(no_environment) not in card and f"- **vLLM**: {vllm_line(served)}" in card
-    assert "- **vllm**: " in card  # the verification list has the check's new line
+    # The card as published (this copy keeps the words written for the shared run's folder).
+    assert f"vllm serve {w4a16_run.published.path}" in card.text
+    assert w4a16_run.published.run_key in card.text
     assert not list(folder.glob(".*.tmp"))
     # Checked now: the next reuse does not serve it again.
     assert "verify" not in [s.name for s in compress(**params).stages]
