@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.reload_check import assert_published_model_matches_base
 
 from compressflow.errors import CompressflowError
 from compressflow.params import RecipeArgs
@@ -42,7 +43,9 @@ def test_auto_round_with_many_samples_publishes_a_verified_model(tiny_model, tmp
     except CompressflowError as exc:
         pytest.fail(f"refused: {exc}")
     manifest = read_manifest(Path(published.path))
-    assert manifest.verification.passed
+    assert manifest.verification.passed and published.compression_ratio > 1.5
+    # The preset's matrix cell (test_cpu_presets.py leaves it to this run): it reloads.
+    assert_published_model_matches_base(Path(published.path), tiny_model, "LlamaForCausalLM")
     assert manifest.memory_plan.batch_size == 1
     # AutoRound compiled into the run's own cache, which went with the run: a run killed while
     # compiling can no longer leave the host's shared cache broken for every later run.

@@ -1,6 +1,7 @@
 """lm-eval: the project's offline tasks as lm-eval reads them, refusals before any model loads,
 and recovery figures, lm-eval's and verify's (compressflow/reporting/harness.py,
-tasks/run_lm_eval.py, compressflow/reporting/quality.py)."""
+tasks/run_lm_eval.py, compressflow/reporting/quality.py). A hub task's refusal reads lm-eval's
+whole task index (6 to 12 s): tests/matrix/test_lm_eval_hub_tasks.py."""
 
 from __future__ import annotations
 
@@ -73,16 +74,6 @@ def test_a_held_out_file_without_texts_is_refused(tmp_path):
         check_lm_eval(
             LmEvalArgs(tasks=[PERPLEXITY_TASK], held_out_file=str(tmp_path / "bad.jsonl"))
         )
-
-
-def test_a_hub_task_on_an_offline_worker_is_refused_naming_it_and_the_fix(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(InputError) as caught:
-        check_lm_eval(LmEvalArgs(tasks=["hellaswag"]))
-    error = caught.value
-    assert error.field == "lm_eval.tasks"
-    assert "'hellaswag' reads Rowan/hellaswag from the Hugging Face hub" in str(error)
-    assert "HF_HUB_OFFLINE" in str(error) and NEXT_LINE_TASK in error.fix
 
 
 def scores(**metrics: float) -> LmEvalScores:
