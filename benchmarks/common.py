@@ -70,6 +70,16 @@ RANDOM_MODELS = {
 }
 
 
+def refuse_foreign(folder: Path, marker: str) -> None:
+    """SystemExit when `folder` holds files but not `marker`, the file a benchmark writes into
+    the folders it makes: only those may be written over or emptied, never a user's model."""
+    if folder.is_dir() and any(folder.iterdir()) and not (folder / marker).exists():
+        raise SystemExit(
+            f"{folder} holds files a benchmark did not write (no {marker}); give it a new or "
+            "empty folder"
+        )
+
+
 def build_random_llama(
     path: Path, shape: dict, tokenizer_vocab: int = 2048, shard: str = "5GB"
 ) -> Path:
@@ -89,6 +99,7 @@ def build_random_llama(
     wanted = {**shape, "tokenizer_vocab": tokenizer_vocab}
     if marker.exists() and json.loads(marker.read_text()) == wanted:
         return path
+    refuse_foreign(path, marker.name)  # save_pretrained writes over config.json and weights
     tokenizer = build_tokenizer(tokenizer_vocab)
     layout = {k: v for k, v in shape.items() if k not in ("vocab_size", "dtype")}
     config = LlamaConfig(

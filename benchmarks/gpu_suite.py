@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from benchmarks.common import REPO
+from benchmarks.common import REPO, refuse_foreign
 
 WHEEL_LIST = REPO / "benchmarks" / "gpu-wheels.txt"
+WORK_MARKER = ".gpu-suite-scratch"  # in --work: the folder is the suite's to empty
 # Markers as the GPU image's interpreter evaluates them (CPython 3.12 on Linux x86_64).
 TARGET_ENV = {
     "python_version": "3.12",
@@ -181,8 +182,10 @@ def gpu_name() -> str:
 
 def run_suite(args) -> int:
     work = Path(args.work)
+    refuse_foreign(work, WORK_MARKER)  # emptied below: only a folder this suite made, or a new one
     shutil.rmtree(work, ignore_errors=True)  # a rerun measures cold runs, not reused outputs
     work.mkdir(parents=True)
+    (work / WORK_MARKER).write_text("benchmarks/gpu_suite.py's scratch: emptied on every run\n")
     out = Path(args.out) if args.out else None
     if out:
         out.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from benchmarks import gpu_suite
 
 
@@ -56,3 +58,20 @@ def test_the_closure_check_follows_the_extras_asked_for(tmp_path, monkeypatch):
     assert gpu_suite.check_wheels(tmp_path) == [
         f'beta needs speedup; extra == "fast" (add it to [carry] in {gpu_suite.WHEEL_LIST})'
     ]
+
+
+def test_a_work_folder_holding_a_users_files_is_refused_and_left_alone(tmp_path):
+    """The suite empties --work before each run, and a model build writes over its folder: both
+    only where a benchmark wrote its marker (or the folder is new or empty)."""
+    import argparse
+
+    from benchmarks.common import RANDOM_MODELS, build_random_llama
+
+    (tmp_path / "config.json").write_text("a user's model")
+    args = argparse.Namespace(work=str(tmp_path), out=None, smoke=True, budget_s=1)
+    with pytest.raises(SystemExit, match="holds files a benchmark did not write"):
+        gpu_suite.run_suite(args)
+    with pytest.raises(SystemExit, match="no random_llama.json"):
+        build_random_llama(tmp_path, RANDOM_MODELS["smoke"])
+    assert [p.name for p in tmp_path.iterdir()] == ["config.json"]
+    assert (tmp_path / "config.json").read_text() == "a user's model"
