@@ -332,7 +332,8 @@ def make_plan(
             "calibration.max_gpu_memory_gb does not apply: this worker has no GPU, so "
             "calibration computes on CPU"
         )
-    limit = gpu_limit(gpu_budget, gpu_available, GPU_SHARE, gpu_budget < gpu_of_free)
+    gpu_capped = gpu_budget < gpu_of_free  # the user's cap, not the share, bounds the GPU
+    limit = gpu_limit(gpu_budget, gpu_available, GPU_SHARE, gpu_capped)
     common = dict(
         weight_bytes=weights,
         largest_layer_bytes=int(shape.largest_layer * per_param),
@@ -340,7 +341,7 @@ def make_plan(
         gpu_available_bytes=gpu_available,
         gpu_budget_bytes=gpu_budget,
         gpu_share=GPU_SHARE if gpu_available else 0,
-        gpu_capped=gpu_budget < gpu_of_free,
+        gpu_capped=gpu_capped,
         sequential_offload_device=args.sequential_offload_device,
         moe_calibrate_all_experts=args.moe_calibrate_all_experts,
     )
@@ -489,7 +490,7 @@ def make_plan(
     if cpu <= cpu_budget:  # CPU memory holds it with the weights on disk: the GPU cannot
         fixes = [
             f"raise calibration.max_gpu_memory_gb to {math.ceil(gpu / GIB * 10) / 10:g} or more"
-            if gpu_budget < gpu_of_free and gpu <= gpu_of_free
+            if gpu_capped and gpu <= gpu_of_free
             else f"run where the GPU has {gib(gpu / GPU_SHARE)} free or more"
         ]
         if sizes[-1] > 1:
@@ -506,7 +507,7 @@ def make_plan(
         fixes.append("lower dataset.max_seq_len (a batch grows with its longest sample)")
         raise ResourceError(
             "calibration.max_gpu_memory_gb"
-            if gpu_budget < gpu_of_free
+            if gpu_capped
             else ("calibration.batch_size" if sizes[-1] > 1 else "dataset.max_seq_len"),
             f"calibrating {model.model_id} at batch {sizes[-1]} needs {gib(gpu)} of GPU memory "
             f"(CUDA context {gib(GPU_RESERVE)}, largest layer {gib(layer)}, calibration state "
