@@ -873,6 +873,7 @@ class RecipeCase:
     file: str | None = None  # recipe text written to this file in the case's folder, named instead
     raw: str | None = None  # the recipe is RAW_RECIPES[raw]
     target: dict | None = None  # a quality target or bits budget the recipe must be able to meet
+    calibration: dict | None = None  # memory caps and batch the plan must honour or refuse
 
     def prepare(self, env: FuzzEnv, root: Path) -> tuple[dict, list[Path]]:
         recipe = dict(self.recipe)
@@ -882,8 +883,9 @@ class RecipeCase:
             path = root / self.file
             path.write_text(recipe.pop("text"))
             recipe["recipe"] = str(path)
-        target = {"target": self.target} if self.target is not None else {}
-        return validate_params(env.shared, root, recipe=recipe, **target), [root, env.shared]
+        extra = {"target": self.target, "calibration": self.calibration}
+        extra = {name: group for name, group in extra.items() if group is not None}
+        return validate_params(env.shared, root, recipe=recipe, **extra), [root, env.shared]
 
 
 # A target beside the recipe: budgets below or above what a family reaches, methods that do
@@ -895,6 +897,16 @@ TARGET_VALUES = {
 }
 targets = st.none() | st.fixed_dictionaries(
     {}, optional={name: st.sampled_from(values) for name, values in TARGET_VALUES.items()}
+)
+# Memory caps beside the recipe: none, below any need, huge, a GPU cap on this GPU-less worker,
+# and values of the wrong type or sign.
+CALIBRATION_VALUES = {
+    "max_gpu_memory_gb": [0, 1e-6, 0.5, 80, 1e9, -1, float("nan"), float("inf"), "8", "x"],
+    "max_cpu_memory_gb": [0, 1e-6, 0.05, 64, -2, float("inf")],
+    "batch_size": [0, 1, 16, 4096, -1],
+}
+calibrations = st.none() | st.fixed_dictionaries(
+    {}, optional={name: st.sampled_from(values) for name, values in CALIBRATION_VALUES.items()}
 )
 
 
@@ -1057,9 +1069,18 @@ def recipe_cases(draw) -> RecipeCase:
                 max_size=2,
             )
         )
-        return RecipeCase({"recipe": preset, "recipe_args": args}, target=draw(targets))
+        return RecipeCase(
+            {"recipe": preset, "recipe_args": args},
+            target=draw(targets),
+            calibration=draw(calibrations),
+        )
     if form == "raw":
-        return RecipeCase({}, raw=draw(st.sampled_from(sorted(RAW_RECIPES))), target=draw(targets))
+        return RecipeCase(
+            {},
+            raw=draw(st.sampled_from(sorted(RAW_RECIPES))),
+            target=draw(targets),
+            calibration=draw(calibrations),
+        )
     tree = _preset_tree(
         draw(st.sampled_from(["W4A16", "W8A8", "FP8_DYNAMIC", "W4AFP8", "NVFP4A16"]))
     )
@@ -1097,7 +1118,12 @@ def recipe_cases(draw) -> RecipeCase:
     recipe = {"text": text} if form == "file" else {"recipe": text}
     if args:
         recipe["recipe_args"] = args
-    return RecipeCase(recipe, file="recipe.yaml" if form == "file" else None, target=draw(targets))
+    return RecipeCase(
+        recipe,
+        file="recipe.yaml" if form == "file" else None,
+        target=draw(targets),
+        calibration=draw(calibrations),
+    )
 
 
 # ---------------------------------------------------------------- data files
