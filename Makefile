@@ -57,9 +57,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests/unit tests/e2e $(PYTEST_ARGS)
 
-# The fast tests alone: no Prefect server, no end-to-end run.
+# The fast tests alone: no Prefect server, no end-to-end run. Two test processes (pytest-xdist):
+# one waits on its stage children most of the time, leaving the other core idle (65 s -> 51 s
+# here). Not more: each holds its own forkserver with the libraries (about 0.6 GB).
 unit: $(STAMP)
-	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 tests/unit $(PYTEST_ARGS)
 
 # The slow set: the architecture and preset matrices (every family and CPU preset end to end)
 # and the longest end-to-end drills (multi-process faults, torchrun launches); CI runs it after

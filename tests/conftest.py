@@ -11,6 +11,7 @@ cache hits). Nothing reaches a hub: HF_HUB_OFFLINE is set and the model is built
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -42,6 +43,11 @@ os.environ.update(
     # The test modules that define custom loaders and collators (their folders are on sys.path).
     COMPRESSFLOW_ALLOWED_IMPORTS="test_build_dataset,test_validate,test_compress_flow,test_architectures,test_memory",
 )
+# `make unit` runs two test processes (pytest-xdist): each computes its in-process tensors on one
+# thread, so neither spins on the core the other holds (torch would take both in each). The
+# stages' children size themselves on the host's ledger (compressflow.model.cpus) as in a run.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -300,6 +306,10 @@ EARLY_STACK = pytest.StashKey()
 def pytest_collection_finish(session):
     if session.config.option.collectonly:
         return
+    # What collection imported lives as long as the session: frozen, every collection skips it,
+    # as in the stages' children (compressflow.runtime.isolation). Each full collection walked
+    # the libraries' millions of objects, about 0.45 s, and verification collects after a pass.
+    gc.freeze()
     needed = {name for item in session.items for name in getattr(item, "fixturenames", ())}
     # The yardstick trains on two threads, which spin while another process holds their core
     # (four times slower beside a busy one): built before any server, worker or test starts.
