@@ -301,6 +301,7 @@ def pytest_collection_modifyitems(items):
 
 STACK_FIXTURES = {"prefect_stack", "stack_client", "stack"}
 EARLY_STACK = pytest.StashKey()
+PASSED = pytest.StashKey()  # no test failed: the session's folder is removed
 
 
 def pytest_collection_finish(session):
@@ -329,6 +330,17 @@ def pytest_sessionfinish(session):
     # Stopped here too when no test that needs it ran (an interrupted or failed-fast session).
     if (started := session.config.stash.get(EARLY_STACK, None)) is not None:
         started.close()
+    session.config.stash[PASSED] = not session.testsfailed
+
+
+def pytest_unconfigure(config):
+    """The session's folder goes once everything that wrote to it has stopped (100 MB to a few
+    GB a session: left behind, 549 sessions filled 15 GB of /tmp here); a failed session's
+    stays, to be looked into."""
+    if config.stash.get(PASSED, False):
+        shutil.rmtree(_ROOT, ignore_errors=True)
+    elif _ROOT.exists():
+        print(f"\nThe tests' files are kept in {_ROOT}")
 
 
 def pytest_sessionstart(session):
