@@ -17,9 +17,10 @@ from compressflow.demo.yardstick import YardstickSpec, build_yardstick, corpus_f
 
 CALIBRATION_TEXTS = 256
 HELD_OUT_TEXTS = 512
-# MEASURED (benchmarks/README.md, "Quality per preset", 3 calibration seeds): round-to-nearest
-# W4A16 +2.74% (data-free, one value); GPTQ W4A16 +1.22% to +1.41%, so a gap of 1.33 to 1.52
-# points; W8A8 +0.00% to +0.03% (6 runs with W8A8_GPTQ); FP8_DYNAMIC +0.43% (data-free).
+# MEASURED (benchmarks/README.md, "A cheaper yardstick", 3 calibration seeds): round-to-nearest
+# W4A16 +2.33% (data-free, one value); GPTQ W4A16 +1.09% to +1.18%, so a gap of 1.15 to 1.24
+# points; W8A8 +0.02%; FP8_DYNAMIC +0.24% (data-free). The 1500-step build it replaced: +2.74%,
+# +1.22% to +1.41%, W8A8 +0.00% to +0.03% (6 runs with W8A8_GPTQ), FP8_DYNAMIC +0.43%.
 RTN_W4A16 = """\
 quant_stage:
   quant_modifiers:
