@@ -3,8 +3,8 @@
 The model is the learned-weights yardstick (`compressflow.demo.yardstick`): a small Llama trained
 here on the standard library's source, so the quality figures the demo prints (verification,
 vLLM's perplexity recovery) mean something, as they would not on random weights. It calibrates
-on the yardstick's training split. Builds the model under .demo/ if it is missing (about three
-and a half minutes on 2 CPUs, once), runs the compress-model flow on Prefect's
+on the yardstick's training split. Builds the model under .demo/ if it is missing (about two
+minutes on 2 CPUs, once), runs the compress-model flow on Prefect's
 local backend with ClearML offline, and prints where the result is, its size against the
 original, what vLLM made of it (with `make vllm-env`), its model card and the time each stage
 took. Pass a hub model id to compress that model instead:
