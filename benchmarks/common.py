@@ -28,6 +28,32 @@ from compressflow.data.local_text import python_docs
 REPO = Path(__file__).resolve().parent.parent
 RESULT_PREFIX = "BENCH_RESULT "
 
+# Llama 3.1's layer shapes and vocabulary, from the meta-llama/Llama-3.1-*B config.json files.
+LLAMA_3_1 = {
+    "8B": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+    ),
+    "70B": dict(
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+    ),
+    "405B": dict(
+        hidden_size=16384,
+        intermediate_size=53248,
+        num_hidden_layers=126,
+        num_attention_heads=128,
+        num_key_value_heads=8,
+    ),
+}
+LLAMA_3_1_VOCAB = 128256
+
 # The random-weight Llamas the benchmarks build, by name: LlamaConfig's shape, plus `vocab_size`
 # (default: the demo tokenizer's size) and `dtype` (default float32). random: the issue's
 # benchmark size; random-1b: Llama-3.2-1B's layers (a 2k vocabulary) for a GPU host, where the
@@ -49,15 +75,7 @@ RANDOM_MODELS = {
         num_attention_heads=32,
         num_key_value_heads=8,
     ),
-    "8b": dict(
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        dtype="bfloat16",
-    ),
+    "8b": dict(**LLAMA_3_1["8B"], vocab_size=LLAMA_3_1_VOCAB, dtype="bfloat16"),
     "smoke": dict(
         hidden_size=256,
         intermediate_size=512,

@@ -19,9 +19,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.common import LLAMA_3_1, LLAMA_3_1_VOCAB
+
 TARGET_SECONDS = 10.0
 TARGET_RSS_MB = 1024.0
-VOCAB = 128256
 # Llama 3.1's rope: llama3 scaling of a 500k theta from an 8k to a 128k context.
 ROPE = {
     "rope_type": "llama3",
@@ -31,30 +32,7 @@ ROPE = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 8192,
 }
-# Values from the meta-llama/Llama-3.1-*B config.json files.
-CONFIGS = {
-    "8B": dict(
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-    ),
-    "70B": dict(
-        hidden_size=8192,
-        intermediate_size=28672,
-        num_hidden_layers=80,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-    ),
-    "405B": dict(
-        hidden_size=16384,
-        intermediate_size=53248,
-        num_hidden_layers=126,
-        num_attention_heads=128,
-        num_key_value_heads=8,
-    ),
-}
+CONFIGS = LLAMA_3_1
 RESULT_PREFIX = "TRACE_RESULT "
 
 
@@ -62,7 +40,7 @@ def llama_config(name: str):
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=VOCAB,
+        vocab_size=LLAMA_3_1_VOCAB,
         max_position_embeddings=131072,
         rms_norm_eps=1e-5,
         rope_parameters=dict(ROPE),
@@ -80,7 +58,7 @@ def run_one(name: str, tokens: int) -> None:
     from compressflow.model.tracing import trace_config
 
     # A fixed, spread-out sample within the vocabulary: tracing needs shapes, not meaning.
-    ids = (torch.arange(tokens) * 7919).remainder(VOCAB).unsqueeze(0)
+    ids = (torch.arange(tokens) * 7919).remainder(LLAMA_3_1_VOCAB).unsqueeze(0)
     sample = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     report = trace_config(llama_config(name), sample, model_class="LlamaForCausalLM")
     print(RESULT_PREFIX + report.model_dump_json(), flush=True)
