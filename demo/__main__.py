@@ -34,7 +34,7 @@ def main() -> None:
     if options.model_id is None:
         from compressflow.demo.yardstick import build_yardstick
 
-        print("Building the demo model (trained once, a few minutes; then reused) ...")
+        print("Building the demo model (trained once, about two minutes; then reused) ...")
         yardstick = build_yardstick(DEMO_DIR / "yardstick")
         options.model_id = str(yardstick.model.resolve())
         dataset_name, max_seq_len = str(yardstick.calibration.resolve()), yardstick.spec.seq_len
