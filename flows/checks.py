@@ -34,7 +34,7 @@ from compressflow.results import MemoryPlan
 from compressflow.runtime.gpus import refuse_fewer_samples, refuse_too_few
 from compressflow.runtime.isolation import in_child, warm_up
 from compressflow.store.disk_space import check_free_space
-from compressflow.store.identity import run_key
+from compressflow.store.identity import hashing_early, run_key
 from compressflow.store.manifest import (
     check_apart,
     check_output_path,
@@ -93,18 +93,21 @@ def resolve_inputs(run: Runner, args: RunArgs, weights: bool = True) -> Inputs:
     # Only now: the checks above are not kept waiting while it imports. A flow started it at
     # its start already (its imports overlap opening the ClearML task); then this is a no-op.
     warm_up(check_before_calibration)
-    rendered = run(render_recipe, recipe)
-    # Not a stage: a check of this worker's hardware (torch's view of it), never cached. Asked of
-    # torch only for a recipe that needs an accelerator: the child waits for the forkserver's
-    # imports, which cost a reused run 5 s it had no other use for.
-    if needs_accelerator(rendered):
-        in_child(refuse_unsupported, rendered)
-    # A target needs what its method measures: refused before anything downloads. Mixing
-    # needs a preset of a known precision family; leaving modules out, GPTQ's per-module error.
-    check_budget(rendered, args.target)
-    if not mixes(rendered, args.target):
-        check_searchable(rendered, args.target)
-    fetched = run(fetch_model, model, weights)
+    # Render waits seconds for those imports: a local folder's content hash runs meanwhile.
+    with hashing_early(local_folder(model)):
+        rendered = run(render_recipe, recipe)
+        # Not a stage: a check of this worker's hardware (torch's view of it), never cached.
+        # Asked of torch only for a recipe that needs an accelerator: the child waits for the
+        # forkserver's imports, which cost a reused run 5 s it had no other use for.
+        if needs_accelerator(rendered):
+            in_child(refuse_unsupported, rendered)
+        # A target needs what its method measures: refused before anything downloads. Mixing
+        # needs a preset of a known precision family; leaving modules out, GPTQ's per-module
+        # error.
+        check_budget(rendered, args.target)
+        if not mixes(rendered, args.target):
+            check_searchable(rendered, args.target)
+        fetched = run(fetch_model, model, weights)
     refuse_fp4_on_float32(rendered, fetched)
     rendered = run(adapt_recipe, rendered, fetched)
     target = output_path(output, fetched, rendered)

@@ -27,7 +27,10 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -119,25 +122,110 @@ def stat_signature(path: Path) -> str | None:
     return digest.hexdigest()
 
 
-def file_sha256(file: Path) -> bytes:
-    with file.open("rb") as handle:
-        return hashlib.file_digest(handle, "sha256").digest()
+CHUNK_BYTES = 1 << 20  # between two looks at `stop`: a millisecond of hashing
+
+
+class Stopped(Exception):
+    """A hash stopped before its end: nobody wants it any more."""
+
+
+def file_sha256(file: Path, stop: threading.Event | None = None) -> bytes:
+    """sha256 of one file's bytes, read in chunks; raises Stopped once `stop` is set."""
+    digest = hashlib.sha256()
+    buffer = bytearray(CHUNK_BYTES)
+    view = memoryview(buffer)
+    with file.open("rb", buffering=0) as handle:
+        while read := handle.readinto(buffer):
+            if stop is not None and stop.is_set():
+                raise Stopped(file)
+            digest.update(view[:read])  # releases the GIL: other threads hash beside it
+    return digest.digest()
+
+
+def files_signature(path: Path) -> tuple:
+    """Every file under `path` with its size, times and inode: stricter than `stat_signature`.
+    A file written or replaced changes its ctime, which no `touch -d` can set back."""
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    return tuple(
+        (str(f.relative_to(path)), s.st_size, s.st_mtime_ns, s.st_ctime_ns, s.st_ino, s.st_dev)
+        for f in files
+        for s in [f.stat()]
+    )
 
 
 def content_hash(path: Path) -> str:
     """sha256 over every file's relative path and content: the identity of a local folder.
 
     Files are hashed on several threads (hashlib and reads release the GIL): one core hashes
-    about 1.5 GB/s, so a 800 GB checkpoint would spend 9 minutes here before any check.
+    about 1.5 GB/s, so a 800 GB checkpoint would spend 9 minutes here before any check. A hash
+    started early (`hashing_early`) is taken instead where the files are still the ones it read.
     """
+    early = _EARLY.pop(path.resolve(), None)
+    if early is not None and (digest := early.result()) is not None:
+        if files_signature(path) == early.signature:
+            return digest
+    return _hash_folder(path, min(8, os.cpu_count() or 1))
+
+
+def _hash_folder(path: Path, threads: int, stop: threading.Event | None = None) -> str:
     files = sorted(p for p in path.rglob("*") if p.is_file())
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        digests = pool.map(file_sha256, files)
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        digests = pool.map(lambda file: file_sha256(file, stop), files)
         digest = hashlib.sha256()
         for file, file_digest in zip(files, digests, strict=True):
             digest.update(str(file.relative_to(path)).encode() + b"\0")
             digest.update(file_digest)
     return digest.hexdigest()
+
+
+class _EarlyHash(threading.Thread):
+    """`content_hash` of a folder on a thread of its own; its digest counts only if the files
+    were the same before it read them and after (`signature`)."""
+
+    def __init__(self, path: Path, threads: int):
+        super().__init__(name=f"content hash of {path}", daemon=True)
+        self.path, self.threads, self.stop = path, threads, threading.Event()
+        self.signature: tuple = ()
+        self.digest: str | None = None
+
+    def run(self) -> None:
+        try:
+            self.signature = files_signature(self.path)
+            digest = _hash_folder(self.path, self.threads, self.stop)
+            if files_signature(self.path) == self.signature:
+                self.digest = digest
+        except (Stopped, OSError):  # not wanted, or unreadable: content_hash hashes it itself
+            pass
+
+    def result(self) -> str | None:
+        self.join()
+        return self.digest
+
+
+# Early hashes by resolved folder: started by `hashing_early`, taken by `content_hash`.
+_EARLY: dict[Path, _EarlyHash] = {}
+
+
+@contextmanager
+def hashing_early(path: Path | None) -> Iterator[None]:
+    """Hash the local model folder `path` on threads while the block runs, leaving one CPU to the
+    work it waits on: the flow's first stages wait seconds for the forkserver's imports, and
+    fetch then finds the hash (seconds per GB) done. What fetch has not taken is stopped at the
+    block's end, so a refusal before fetch reads at most a chunk more. None: nothing to hash."""
+    if path is None:
+        yield
+        return
+    key = path.resolve()
+    early = _EarlyHash(key, max(1, min(8, os.cpu_count() or 1) - 1))
+    _EARLY[key] = early
+    early.start()
+    try:
+        yield
+    finally:
+        early.stop.set()
+        early.join()
+        if _EARLY.get(key) is early:
+            del _EARLY[key]
 
 
 def dataset_fingerprint(tokenized, tokenizer_id: str, max_seq_len: int) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -300,3 +301,55 @@ def test_a_child_error_that_cannot_be_loaded_arrives_as_its_own_text():
     with pytest.raises(RuntimeError) as raised:
         in_child(raises_two_argument_error)
     assert str(raised.value) == "TwoArgumentError: num_hidden_layers must be an int"
+
+
+def test_an_early_hash_is_taken_only_while_the_files_are_the_ones_it_read(tmp_path, monkeypatch):
+    # The flow hashes a local model while it waits for the forkserver; fetch takes that hash.
+    # A file rewritten since, even with its size and mtime put back, is hashed again.
+    from compressflow.store import identity
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"a" * 3_000_000)
+    (folder / "config.json").write_text("{}")
+    expected = content_hash(folder)
+    hashed = []
+    real = identity._hash_folder
+    monkeypatch.setattr(
+        identity, "_hash_folder", lambda *a, **k: hashed.append(a[0]) or real(*a, **k)
+    )
+
+    with identity.hashing_early(folder):
+        assert content_hash(folder) == expected
+    assert len(hashed) == 1  # the early one, taken
+
+    weights = folder / "model.safetensors"
+    with identity.hashing_early(folder):
+        identity._EARLY[folder.resolve()].result()
+        before = weights.stat()
+        weights.write_bytes(b"b" * 3_000_000)  # same size
+        os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))  # same mtime
+        assert stat_signature(folder) is not None
+        changed = content_hash(folder)
+    assert changed != expected and len(hashed) == 3  # the early one, then a fresh one
+    assert not identity._EARLY
+
+
+def test_an_early_hash_nobody_takes_stops_at_the_blocks_end(tmp_path, monkeypatch):
+    from compressflow.store import identity
+
+    (tmp_path / "big.bin").write_bytes(b"x" * (4 << 20))
+    real = identity.file_sha256
+
+    def slow(file, stop=None):  # still reading when the block ends
+        assert stop is not None and stop.wait(10)
+        return real(file, stop)
+
+    monkeypatch.setattr(identity, "file_sha256", slow)
+    started = time.monotonic()
+    with identity.hashing_early(tmp_path):
+        early = identity._EARLY[tmp_path.resolve()]
+    assert time.monotonic() - started < 5  # stopped at its next chunk, not waited for
+    assert not early.is_alive() and early.digest is None and not identity._EARLY
+    with identity.hashing_early(None):  # a hub model: nothing to hash
+        assert not identity._EARLY
