@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from compressflow.data.local_text import python_docs
@@ -175,6 +175,7 @@ class ChildRun:
     peak_tree_rss_mb: float = 0.0  # the most the whole process tree held at once (PSS, sampled)
     peak_tree_anon_mb: float = 0.0  # the tree's anonymous memory at its peak (AnonPeak); 0: n/a
     peak_gpu_mb: float = 0.0  # GPU memory in use at the peak, above the child's start; 0: no GPU
+    peak_parts_mb: dict = field(default_factory=dict)  # the PSS peak by process (TreeSampler.role)
 
 
 # Reading one process's PSS costs the kernel about 4 ms (it walks the page tables); a flow's tree
@@ -216,7 +217,19 @@ class TreeSampler(threading.Thread):
     def __init__(self, pid: int):
         super().__init__(daemon=True)
         self.pid, self.peak, self.done = pid, 0, threading.Event()
+        self.parts: dict[str, int] = {}  # the peak's PSS by `role`
         self.gpu_base, self.gpu_peak = gpu_used_bytes(), 0
+
+    def role(self, process) -> str:
+        """What a process of the tree is, for the peak's breakdown: the flow's own, its
+        forkserver (whose library pages its children share), or a child."""
+        if process.pid == self.pid:
+            return "process"
+        command = " ".join(process.cmdline())
+        for name in ("forkserver", "resource_tracker"):
+            if f"multiprocessing.{name} import main" in command:
+                return name.replace("_", " ")
+        return "children"
 
     def run(self) -> None:
         import psutil
@@ -227,13 +240,15 @@ class TreeSampler(threading.Thread):
             try:
                 root = psutil.Process(self.pid)
                 tree = [root, *root.children(recursive=True)]
-                total = 0
+                parts: dict[str, int] = {}
                 for process in tree:
                     try:
-                        total += process.memory_full_info().pss
+                        role = self.role(process)
+                        parts[role] = parts.get(role, 0) + process.memory_full_info().pss
                     except psutil.Error:  # exited between listing and reading
                         pass
-                self.peak = max(self.peak, total)
+                if sum(parts.values()) > self.peak:
+                    self.peak, self.parts = sum(parts.values()), parts
             except psutil.Error:
                 return
 
@@ -340,6 +355,7 @@ def run_child(args: list[str], env: dict[str, str], log_path: Path) -> ChildRun:
         peak_tree_rss_mb=sampler.peak / 2**20,
         peak_tree_anon_mb=anon.peak / 2**20,
         peak_gpu_mb=sampler.gpu_peak / 2**20,
+        peak_parts_mb={role: pss / 2**20 for role, pss in sampler.parts.items()},
     )
 
 

@@ -163,15 +163,19 @@ def flow_child(args) -> None:
     )
     phases = {"imports": imports, "flow call": time.perf_counter() - mark}
     phases.update({s.name: s.seconds for s in published.stages})
-    # The calibration child's own peak (ru_maxrss, in the manifest), beside the bare script's.
+    # The calibration child's own peak (ru_maxrss, in the manifest), beside the bare script's;
+    # its oneshot call and reference capture, timed there.
     from compressflow.store.manifest import read_manifest
 
+    manifest = read_manifest(Path(published.path))
     print_result(
         {
             "phases": phases,
             "reused": published.reused,
             "flow_process_mb": own_peak_mb(),
-            "calibration_mb": read_manifest(Path(published.path)).peak_rss_mb,
+            "calibration_mb": manifest.peak_rss_mb,
+            "oneshot_s": manifest.calibration_seconds,
+            "reference_s": manifest.reference_seconds,
             "path": published.path,
         }
     )
@@ -369,6 +373,7 @@ def report(rounds: list[dict[str, ChildRun]]) -> bool:
         "anonymous"
     )
     print_process_peaks(rounds)
+    print_overhead(rounds)
     print(f"\n{'ratio':<34} {'value':>6} {'target':>7}")
     for label, value, target in targets + reference:
         print(
@@ -390,6 +395,33 @@ def print_process_peaks(rounds: list[dict[str, ChildRun]]) -> None:
             f"  round {r}: bare script {bare['process_mb']:.0f}; flow: calibration child "
             f"{flow['calibration_mb']:.0f} ({flow['calibration_mb'] / bare['process_mb']:.3f} x "
             f"bare), flow process {flow['flow_process_mb']:.0f}"
+        )
+
+
+def print_overhead(rounds: list[dict[str, ChildRun]]) -> None:
+    """Where the cold flow's extra wall and memory are, round by round.
+
+    Both sides run the same oneshot over the same layers, and its time varies between runs of
+    the same script by more than the flow adds (a 1B-shaped pair on this 2-core machine: 442 and
+    497 s). Outside oneshot: everything else a run does (the bare script's imports, load, dataset
+    and save; the flow's start, stages, the child's load, reference capture and save, verify,
+    publish, exit), compared apart, so the flow's own cost is not lost in that spread."""
+    print(
+        "\nthe cold flow's extra, round by round (s: outside oneshot; MB: the PSS peak by process)"
+    )
+    for r, runs in enumerate(rounds, 1):
+        bare, flow = runs["bare"], runs["flow cold"]
+        b_oneshot = bare.result["phases"]["oneshot"]
+        f_oneshot, reference = flow.result["oneshot_s"], flow.result["reference_s"] or 0.0
+        verify = flow.result["phases"].get("verify", 0.0)
+        outside = (flow.wall_s - f_oneshot) - (bare.wall_s - b_oneshot)
+        parts = ", ".join(f"{k} {v:.0f}" for k, v in sorted(flow.peak_parts_mb.items()))
+        print(
+            f"  round {r}: oneshot {f_oneshot:.1f} s against {b_oneshot:.1f} s "
+            f"({f_oneshot / b_oneshot:.3f}); outside oneshot {outside:+.1f} s: verify "
+            f"{verify:.1f} s, reference logits {reference:.1f} s, the rest "
+            f"{outside - verify - reference:+.1f} s; peak {flow.peak_tree_rss_mb:.0f} MB "
+            f"({parts}) against {bare.peak_tree_rss_mb:.0f} MB"
         )
 
 
