@@ -225,10 +225,11 @@ class TreeSampler(threading.Thread):
         forkserver (whose library pages its children share), or a child."""
         if process.pid == self.pid:
             return "process"
-        command = " ".join(process.cmdline())
-        for name in ("forkserver", "resource_tracker"):
-            if f"multiprocessing.{name} import main" in command:
-                return name.replace("_", " ")
+        if process.ppid() == self.pid:  # a forked child keeps its forkserver's command line
+            command = " ".join(process.cmdline())
+            for name in ("forkserver", "resource_tracker"):
+                if f"multiprocessing.{name} import main" in command:
+                    return name.replace("_", " ")
         return "children"
 
     def run(self) -> None:

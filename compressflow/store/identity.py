@@ -160,22 +160,32 @@ def content_hash(path: Path) -> str:
     about 1.5 GB/s, so a 800 GB checkpoint would spend 9 minutes here before any check. A hash
     started early (`hashing_early`) is taken instead where the files are still the ones it read.
     """
-    early = _EARLY.pop(path.resolve(), None)
+    early = EARLY_HASHES.pop(path.resolve(), None)
     if early is not None and (digest := early.result()) is not None:
         if files_signature(path) == early.signature:
             return digest
-    return _hash_folder(path, min(8, os.cpu_count() or 1))
+    return hash_folder(path, min(8, os.cpu_count() or 1))
 
 
-def _hash_folder(path: Path, threads: int, stop: threading.Event | None = None) -> str:
+def hash_folder(path: Path, threads: int, stop: threading.Event | None = None) -> str:
+    """`content_hash`'s work; with `stop`, on threads that yield the CPU to everything else."""
     files = sorted(p for p in path.rglob("*") if p.is_file())
-    with ThreadPoolExecutor(max_workers=threads) as pool:
+    with ThreadPoolExecutor(threads, initializer=_yielding if stop else None) as pool:
         digests = pool.map(lambda file: file_sha256(file, stop), files)
         digest = hashlib.sha256()
         for file, file_digest in zip(files, digests, strict=True):
             digest.update(str(file.relative_to(path)).encode() + b"\0")
             digest.update(file_digest)
     return digest.hexdigest()
+
+
+def _yielding() -> None:
+    """Lower this thread's priority (nice 10; on Linux a thread's own): an early hash takes the
+    CPU the work it overlaps leaves, and never slows that work down."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+    except (OSError, AttributeError):  # not Linux: the threads keep the process's priority
+        pass
 
 
 class _EarlyHash(threading.Thread):
@@ -191,7 +201,7 @@ class _EarlyHash(threading.Thread):
     def run(self) -> None:
         try:
             self.signature = files_signature(self.path)
-            digest = _hash_folder(self.path, self.threads, self.stop)
+            digest = hash_folder(self.path, self.threads, self.stop)
             if files_signature(self.path) == self.signature:
                 self.digest = digest
         except (Stopped, OSError):  # not wanted, or unreadable: content_hash hashes it itself
@@ -203,29 +213,29 @@ class _EarlyHash(threading.Thread):
 
 
 # Early hashes by resolved folder: started by `hashing_early`, taken by `content_hash`.
-_EARLY: dict[Path, _EarlyHash] = {}
+EARLY_HASHES: dict[Path, _EarlyHash] = {}
 
 
 @contextmanager
 def hashing_early(path: Path | None) -> Iterator[None]:
-    """Hash the local model folder `path` on threads while the block runs, leaving one CPU to the
-    work it waits on: the flow's first stages wait seconds for the forkserver's imports, and
-    fetch then finds the hash (seconds per GB) done. What fetch has not taken is stopped at the
-    block's end, so a refusal before fetch reads at most a chunk more. None: nothing to hash."""
+    """Hash the local model folder `path` on low-priority threads while the block runs: the
+    flow's first stages wait seconds for the forkserver's imports, and fetch then finds the hash
+    (seconds per GB) done. What fetch has not taken is stopped at the block's end, so a refusal
+    before fetch reads at most a chunk more. None: nothing to hash."""
     if path is None:
         yield
         return
     key = path.resolve()
-    early = _EarlyHash(key, max(1, min(8, os.cpu_count() or 1) - 1))
-    _EARLY[key] = early
+    early = _EarlyHash(key, min(8, os.cpu_count() or 1))
+    EARLY_HASHES[key] = early
     early.start()
     try:
         yield
     finally:
         early.stop.set()
         early.join()
-        if _EARLY.get(key) is early:
-            del _EARLY[key]
+        if EARLY_HASHES.get(key) is early:
+            del EARLY_HASHES[key]
 
 
 def dataset_fingerprint(tokenized, tokenizer_id: str, max_seq_len: int) -> str:

@@ -314,9 +314,9 @@ def test_an_early_hash_is_taken_only_while_the_files_are_the_ones_it_read(tmp_pa
     (folder / "config.json").write_text("{}")
     expected = content_hash(folder)
     hashed = []
-    real = identity._hash_folder
+    real = identity.hash_folder
     monkeypatch.setattr(
-        identity, "_hash_folder", lambda *a, **k: hashed.append(a[0]) or real(*a, **k)
+        identity, "hash_folder", lambda *a, **k: hashed.append(a[0]) or real(*a, **k)
     )
 
     with identity.hashing_early(folder):
@@ -325,14 +325,14 @@ def test_an_early_hash_is_taken_only_while_the_files_are_the_ones_it_read(tmp_pa
 
     weights = folder / "model.safetensors"
     with identity.hashing_early(folder):
-        identity._EARLY[folder.resolve()].result()
+        identity.EARLY_HASHES[folder.resolve()].result()
         before = weights.stat()
         weights.write_bytes(b"b" * 3_000_000)  # same size
         os.utime(weights, ns=(before.st_atime_ns, before.st_mtime_ns))  # same mtime
         assert stat_signature(folder) is not None
         changed = content_hash(folder)
     assert changed != expected and len(hashed) == 3  # the early one, then a fresh one
-    assert not identity._EARLY
+    assert not identity.EARLY_HASHES
 
 
 def test_an_early_hash_nobody_takes_stops_at_the_blocks_end(tmp_path, monkeypatch):
@@ -348,8 +348,8 @@ def test_an_early_hash_nobody_takes_stops_at_the_blocks_end(tmp_path, monkeypatc
     monkeypatch.setattr(identity, "file_sha256", slow)
     started = time.monotonic()
     with identity.hashing_early(tmp_path):
-        early = identity._EARLY[tmp_path.resolve()]
+        early = identity.EARLY_HASHES[tmp_path.resolve()]
     assert time.monotonic() - started < 5  # stopped at its next chunk, not waited for
-    assert not early.is_alive() and early.digest is None and not identity._EARLY
+    assert not early.is_alive() and early.digest is None and not identity.EARLY_HASHES
     with identity.hashing_early(None):  # a hub model: nothing to hash
-        assert not identity._EARLY
+        assert not identity.EARLY_HASHES
