@@ -421,7 +421,9 @@ def print_overhead(rounds: list[dict[str, ChildRun]]) -> None:
             f"({f_oneshot / b_oneshot:.3f}); outside oneshot {outside:+.1f} s: verify "
             f"{verify:.1f} s, reference logits {reference:.1f} s, the rest "
             f"{outside - verify - reference:+.1f} s; peak {flow.peak_tree_rss_mb:.0f} MB "
-            f"({parts}) against {bare.peak_tree_rss_mb:.0f} MB"
+            f"({parts}) against {bare.peak_tree_rss_mb:.0f} MB; CPU: bare {bare.cpu_s:.0f} s, the "
+            f"flow's forkserver {flow.cpu_parts_s.get('forkserver', 0.0):.0f} s and children "
+            f"{flow.cpu_parts_s.get('children', 0.0):.0f} s"
         )
 
 
