@@ -3,8 +3,9 @@
 Prefect's DEFAULT policy keys on the run id, so nothing is reused between runs. Keying on inputs
 alone is wrong the other way for local sources: a model folder or data file edited in place keeps
 its path. `LocalSourceAware` therefore keys on the inputs, the task's source, the code and
-library identity and a cheap stat signature (path, size, mtime) of every local path found among
-the inputs (`compressflow.store.identity.cache_key`, where every key is computed). The stage
+library identity and a cheap stat signature (path, size, mtime, ctime, inode) of every local
+path found among the inputs (`compressflow.store.identity.cache_key`, where every key is
+computed). The stage
 itself then records a content identity (a hash), so a cache hit is still traceable in the
 manifest.
 

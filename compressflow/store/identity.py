@@ -13,8 +13,9 @@ A cache bug means reading this module. Each key hashes what decides its result, 
 - `code_identity`: every .py file of the installed package and the libraries' versions. What a
   stage returns depends on the code it calls and the libraries that do the work: editing or
   upgrading any of them misses the caches instead of reusing what the new code would not produce.
-- `stat_signature` (cheap: path, size, mtime), `content_hash` (a local model folder's bytes) and
-  `dataset_fingerprint` (the tokens a calibration reads): the identities of files and data.
+- `stat_signature` (cheap: path, size, mtime, ctime, inode), `content_hash` (a local model
+  folder's bytes) and `dataset_fingerprint` (the tokens a calibration reads): the identities of
+  files and data.
 
 Imports only the shared vocabulary: every other module that needs a key imports this one.
 """
@@ -104,25 +105,33 @@ def code_identity() -> str:
 # ---------------------------------------------------------------- files and data
 
 
-def stat_signature(path: Path) -> str | None:
-    """Hash of (relative path, size, mtime) of every file under `path`; None if it isn't local.
+def _files(path: Path) -> list[Path]:
+    """Every file under the folder `path`, in name order: what its identities cover."""
+    return sorted(p for p in path.rglob("*") if p.is_file())
 
-    Stat, not content: it must stay cheap on a 100 GB model folder, and any in-place edit
-    changes size or mtime.
+
+def stat_signature(path: Path) -> str | None:
+    """Hash of (relative path, size, mtime, ctime, inode) of every file under `path`; None if it
+    isn't local.
+
+    Stat, not content: it must stay cheap on a 100 GB model folder. Size and mtime alone miss a
+    file rewritten with its old mtime (`cp -p`, `rsync -a`, image builds that pin every mtime):
+    a write or a replacement also sets ctime or a new inode, which no tool sets back.
     """
     if not path.exists():
         return None
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     digest = hashlib.sha256()
-    for file in files:
-        stat = file.stat()
+    for file in [path] if path.is_file() else _files(path):
+        s = file.stat()
         digest.update(
-            f"{file.relative_to(path.parent)}:{stat.st_size}:{stat.st_mtime_ns}\n".encode()
+            f"{file.relative_to(path.parent)}:{s.st_size}:{s.st_mtime_ns}:{s.st_ctime_ns}:"
+            f"{s.st_ino}\n".encode()
         )
     return digest.hexdigest()
 
 
 CHUNK_BYTES = 1 << 20  # between two looks at `stop`: a millisecond of hashing
+_HASH_THREADS = min(8, os.cpu_count() or 1)
 
 
 class Stopped(Exception):
@@ -142,17 +151,6 @@ def file_sha256(file: Path, stop: threading.Event | None = None) -> bytes:
     return digest.digest()
 
 
-def files_signature(path: Path) -> tuple:
-    """Every file under `path` with its size, times and inode: stricter than `stat_signature`.
-    A file written or replaced changes its ctime, which no `touch -d` can set back."""
-    files = sorted(p for p in path.rglob("*") if p.is_file())
-    return tuple(
-        (str(f.relative_to(path)), s.st_size, s.st_mtime_ns, s.st_ctime_ns, s.st_ino, s.st_dev)
-        for f in files
-        for s in [f.stat()]
-    )
-
-
 def content_hash(path: Path) -> str:
     """sha256 over every file's relative path and content: the identity of a local folder.
 
@@ -162,14 +160,14 @@ def content_hash(path: Path) -> str:
     """
     early = EARLY_HASHES.pop(path.resolve(), None)
     if early is not None and (digest := early.result()) is not None:
-        if files_signature(path) == early.signature:
+        if stat_signature(path) == early.signature:
             return digest
-    return hash_folder(path, min(8, os.cpu_count() or 1))
+    return hash_folder(path, _HASH_THREADS)
 
 
 def hash_folder(path: Path, threads: int, stop: threading.Event | None = None) -> str:
     """`content_hash`'s work; with `stop`, on threads that yield the CPU to everything else."""
-    files = sorted(p for p in path.rglob("*") if p.is_file())
+    files = _files(path)
     with ThreadPoolExecutor(threads, initializer=_yielding if stop else None) as pool:
         digests = pool.map(lambda file: file_sha256(file, stop), files)
         digest = hashlib.sha256()
@@ -195,14 +193,14 @@ class _EarlyHash(threading.Thread):
     def __init__(self, path: Path, threads: int):
         super().__init__(name=f"content hash of {path}", daemon=True)
         self.path, self.threads, self.stop = path, threads, threading.Event()
-        self.signature: tuple = ()
+        self.signature: str | None = None
         self.digest: str | None = None
 
     def run(self) -> None:
         try:
-            self.signature = files_signature(self.path)
+            self.signature = stat_signature(self.path)
             digest = hash_folder(self.path, self.threads, self.stop)
-            if files_signature(self.path) == self.signature:
+            if stat_signature(self.path) == self.signature:
                 self.digest = digest
         except (Stopped, OSError):  # not wanted, or unreadable: content_hash hashes it itself
             pass
@@ -226,7 +224,7 @@ def hashing_early(path: Path | None) -> Iterator[None]:
         yield
         return
     key = path.resolve()
-    early = _EarlyHash(key, min(8, os.cpu_count() or 1))
+    early = _EarlyHash(key, _HASH_THREADS)
     EARLY_HASHES[key] = early
     early.start()
     try:
