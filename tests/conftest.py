@@ -26,6 +26,10 @@ import safetensors
 from support.models import HUB_SHA, CountedOpen
 
 _ROOT = Path(tempfile.mkdtemp(prefix="compressflow-tests-"))
+# What every test process of one run shares: under pytest-xdist the controller makes it and its
+# workers inherit the variable, so the yardstick trains once, not once a worker side by side.
+_SHARED = Path(os.environ.setdefault("COMPRESSFLOW_TESTS_SHARED", str(_ROOT / "shared")))
+_SHARED.mkdir(exist_ok=True)
 os.environ.update(
     PREFECT_HOME=str(_ROOT / "prefect"),
     PREFECT_SERVER_ANALYTICS_ENABLED="false",
@@ -43,11 +47,15 @@ os.environ.update(
     # The test modules that define custom loaders and collators (their folders are on sys.path).
     COMPRESSFLOW_ALLOWED_IMPORTS="test_build_dataset,test_validate,test_compress_flow,test_architectures,test_memory",
 )
-# `make unit` runs two test processes (pytest-xdist): each computes its in-process tensors on one
-# thread, so neither spins on the core the other holds (torch would take both in each). The
-# stages' children size themselves on the host's ledger (compressflow.model.cpus) as in a run.
+# `make unit` and `make matrix` run two test processes (pytest-xdist): each computes its
+# in-process tensors on one thread, so neither spins on the core the other holds (torch would take
+# both in each). The stages' children size themselves on the host's ledger
+# (compressflow.model.cpus) as in a run.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # A child re-counts its share only at its progress events, so for a while two children can
+    # run four threads on two cores: waiting threads sleep instead of spinning on a held core.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -107,12 +115,21 @@ def sharded_tiny_model(tiny_model, test_root) -> Path:
 
 
 @pytest.fixture(scope="session")
-def yardstick(test_root):
+def yardstick():
     """The learned-weights yardstick (demo/yardstick.py): a small Llama trained for a few CPU
-    minutes, with calibration and held-out text; built once per session."""
+    minutes, with calibration and held-out text; built once per run."""
+    return _build_yardstick()  # built already: pytest_collection_finish
+
+
+def _build_yardstick():
+    """The yardstick in the run's shared folder: the first process builds, the others wait."""
+    import fcntl
+
     from compressflow.demo.yardstick import build_yardstick
 
-    return build_yardstick(test_root / "yardstick")  # built already: pytest_collection_finish
+    with open(_SHARED / "yardstick.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return build_yardstick(_SHARED / "yardstick")
 
 
 @pytest.fixture()
@@ -315,9 +332,7 @@ def pytest_collection_finish(session):
     # The yardstick trains on two threads, which spin while another process holds their core
     # (four times slower beside a busy one): built before any server, worker or test starts.
     if "yardstick" in needed:
-        from compressflow.demo.yardstick import build_yardstick
-
-        build_yardstick(_ROOT / "yardstick")
+        _build_yardstick()
     # The real stack's ~40 s of start-up, all subprocesses, overlaps the tests before its first.
     if STACK_FIXTURES & needed:
         from support.prefect_stack import StackInBackground

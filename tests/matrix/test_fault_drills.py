@@ -154,9 +154,18 @@ def test_concurrent_runs_of_one_output_wait_then_reuse_or_are_refused(tiny_model
     while (read_holder(target) or {}).get("pid") != first.pid:  # the first run holds the output
         assert time.monotonic() < deadline and first.poll() is None, outputs[0].text()[-5000:]
         time.sleep(0.05)
-    for process in (same, other):
-        process.stdin.write("go\n")
-        process.stdin.flush()
+    # Paused while it holds the output, so the others find it held however fast it calibrates
+    # (a tiny model's calibration can end before a second flow has started).
+    waiting = rf"Waiting for {re.escape(str(target))}: pid {first.pid} on "
+    os.killpg(first.pid, signal.SIGSTOP)
+    try:
+        for process in (same, other):
+            process.stdin.write("go\n")
+            process.stdin.flush()
+        for output in outputs[1:]:
+            output.wait_for(waiting)
+    finally:
+        os.killpg(first.pid, signal.SIGCONT)
 
     texts = [output.finish() for output in outputs]
     assert first.returncode == 0, texts[0][-5000:]
@@ -164,7 +173,6 @@ def test_concurrent_runs_of_one_output_wait_then_reuse_or_are_refused(tiny_model
     original = published_from(texts[0])
     assert not original["reused"]
 
-    waiting = rf"Waiting for {re.escape(str(target))}: pid {first.pid} on "
     assert re.search(waiting, texts[1]), texts[1][-5000:]
     reused = published_from(texts[1])
     assert reused["reused"] and reused["run_key"] == original["run_key"]
