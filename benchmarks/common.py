@@ -449,13 +449,16 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def build_in_child(path: Path, name: str) -> Path:
-    """`build_random_llama(path, RANDOM_MODELS[name])` in a process of its own (see there)."""
-    subprocess.run(
-        [sys.executable, "-m", "benchmarks.common", name, str(path)], cwd=REPO, check=True
-    )
+def build_in_child(path: Path, name: str, layers: int | None = None) -> Path:
+    """`build_random_llama(path, RANDOM_MODELS[name])` in a process of its own (see there), with
+    `layers` decoder layers instead of the shape's where given."""
+    command = [sys.executable, "-m", "benchmarks.common", name, str(path)]
+    subprocess.run(command + ([str(layers)] if layers else []), cwd=REPO, check=True)
     return path
 
 
-if __name__ == "__main__":  # python -m benchmarks.common NAME FOLDER: build that model there
-    build_random_llama(Path(sys.argv[2]), RANDOM_MODELS[sys.argv[1]])
+if __name__ == "__main__":  # python -m benchmarks.common NAME FOLDER [LAYERS]: build it there
+    shape = dict(RANDOM_MODELS[sys.argv[1]])
+    if len(sys.argv) > 3:
+        shape["num_hidden_layers"] = int(sys.argv[3])
+    build_random_llama(Path(sys.argv[2]), shape)

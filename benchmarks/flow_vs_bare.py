@@ -14,9 +14,10 @@ Wall time is the whole process, start to exit; peak memory is the most its whole
 held at once (the flow calibrates in a child process, and the temporary server is a child too):
 summed PSS sampled every 250 ms, and anonymous memory counted exactly in a cgroup
 (`common.AnonPeak`); each process's own exact peak is printed too. Medians over `--repeats`
-rounds; the variants are interleaved within each round. At the default size either side's peak
-moves by up to 0.6 GB between identical runs (glibc's malloc keeps freed activations in whatever
-order they are freed: benchmarks/README.md), so read the memory ratio over several rounds.
+rounds; the variants are interleaved within each round, the bare script first in odd rounds and
+last in even ones. At the default size either side's peak moves by up to 0.6 GB between identical
+runs (glibc's malloc keeps freed activations in whatever order they are freed:
+benchmarks/README.md), so read the memory ratio over several rounds.
 
     python -m benchmarks.flow_vs_bare [--repeats 3] [--samples 128] [--max-seq-len 256]
     python -m benchmarks.flow_vs_bare --model yardstick --max-seq-len 128
@@ -195,7 +196,7 @@ def prepare(work: Path, args) -> tuple[Path, Path, Path]:
         built = yardstick(work)
         model, data = built.model, built.calibration
     else:
-        model = build_in_child(work / "model", args.model)
+        model = build_in_child(work / "model", args.model, args.layers)
         tokenizer = AutoTokenizer.from_pretrained(model)
         data = write_jsonl(
             work / "data.jsonl", long_texts(tokenizer, args.samples, args.max_seq_len)
@@ -298,6 +299,7 @@ def run_round(r: int, work: Path, inputs, env, api_url, args) -> dict[str, Child
     def run(name: str, kind: str, out: Path, child_env: dict[str, str]) -> None:
         log = folder / f"{re.sub(r'[^a-z]+', '-', name).strip('-')}.log"
         runs[name] = run_child(child_args(kind, model, data, recipe, out, args), child_env, log)
+        runs[name].result["solve_s"] = solve_seconds(log)
         record(args.record, name, runs[name])
         phases = ", ".join(f"{k} {v:.1f}" for k, v in runs[name].result.get("phases", {}).items())
         run_ = runs[name]
@@ -309,10 +311,17 @@ def run_round(r: int, work: Path, inputs, env, api_url, args) -> dict[str, Child
             flush=True,
         )
 
-    run("bare", "bare", folder / "bare-out", env)
+    # Odd rounds run the bare script first, even rounds last: a run right after another big one
+    # can be slowed by what that one left (page reclaim, a busy host), and an order that never
+    # changes would put all of it on one side.
+    bare_first = r % 2 == 1
+    if bare_first:
+        run("bare", "bare", folder / "bare-out", env)
     server_env = flow_env(env, folder / "server", api_url)
     run("flow cold", "flow", folder / "server" / "out", server_env)
     run("flow warm", "flow", folder / "server" / "out", server_env)
+    if not bare_first:
+        run("bare", "bare", folder / "bare-out", env)
     if args.temporary_server:
         temp_env = flow_env(env, folder / "temp", None)
         run("flow cold (temp server)", "flow", folder / "temp" / "out", temp_env)
@@ -398,6 +407,13 @@ def print_process_peaks(rounds: list[dict[str, ChildRun]]) -> None:
         )
 
 
+def solve_seconds(log: Path) -> float:
+    """GPTQ's own solve, module by module, as llm-compressor logs it ("METRIC - time 0.55s")
+    on both sides (the flow's calibration child writes to the flow's stderr): the rest of
+    oneshot is the layers' forward passes and the Hessians they accumulate."""
+    return sum(float(t) for t in re.findall(r"METRIC - time ([0-9.]+)s", log.read_text()))
+
+
 def print_overhead(rounds: list[dict[str, ChildRun]]) -> None:
     """Where the cold flow's extra wall and memory are, round by round.
 
@@ -416,9 +432,12 @@ def print_overhead(rounds: list[dict[str, ChildRun]]) -> None:
         verify = flow.result["phases"].get("verify", 0.0)
         outside = (flow.wall_s - f_oneshot) - (bare.wall_s - b_oneshot)
         parts = ", ".join(f"{k} {v:.0f}" for k, v in sorted(flow.peak_parts_mb.items()))
+        b_solve, f_solve = bare.result["solve_s"], flow.result["solve_s"]
         print(
             f"  round {r}: oneshot {f_oneshot:.1f} s against {b_oneshot:.1f} s "
-            f"({f_oneshot / b_oneshot:.3f}); outside oneshot {outside:+.1f} s: verify "
+            f"({f_oneshot / b_oneshot:.3f}), of which GPTQ's solve {f_solve:.1f} s against "
+            f"{b_solve:.1f} s and the rest {f_oneshot - f_solve:.1f} s against "
+            f"{b_oneshot - b_solve:.1f} s; outside oneshot {outside:+.1f} s: verify "
             f"{verify:.1f} s, reference logits {reference:.1f} s, the rest "
             f"{outside - verify - reference:+.1f} s; peak {flow.peak_tree_rss_mb:.0f} MB "
             f"({parts}) against {bare.peak_tree_rss_mb:.0f} MB; CPU: bare {bare.cpu_s:.0f} s, the "
@@ -449,6 +468,12 @@ def main(argv: list[str] | None = None) -> int:
         "perplexity for each output (benchmarks.common.RANDOM_MODELS)",
     )
     parser.add_argument(
+        "--layers",
+        type=int,
+        help="decoder layers of the random model, instead of its shape's (the same width: a "
+        "shorter run that keeps the per-layer work of the size it names)",
+    )
+    parser.add_argument(
         "--record", help="append each finished run's figures to this file as JSON lines"
     )
     parser.add_argument("--workdir", help="keep everything here (default: a temporary folder)")
@@ -466,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
         (bare_child if args.child == "bare" else flow_child)(args)
         return 0
     if args.model == "yardstick":
+        if args.layers:
+            parser.error("--layers: the yardstick is built at its own shape; leave it out")
         from compressflow.demo.yardstick import YardstickSpec
 
         seq_len = YardstickSpec().seq_len
@@ -479,7 +506,8 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     print(
         f"work folder {work}; {args.samples} samples x {args.max_seq_len} tokens, {PRESET}, "
-        f"model {args.model if args.model == 'yardstick' else RANDOM_MODELS[args.model]}",
+        f"model {args.model if args.model == 'yardstick' else RANDOM_MODELS[args.model]}"
+        + (f", {args.layers} layers" if args.layers else ""),
         flush=True,
     )
     inputs = prepare(work, args)
