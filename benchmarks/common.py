@@ -178,6 +178,12 @@ class ChildRun:
     peak_parts_mb: dict = field(default_factory=dict)  # the PSS peak by process (TreeSampler.role)
     cpu_parts_s: dict = field(default_factory=dict)  # CPU s by role, each process as last sampled
 
+    @property
+    def tree_cpu_s(self) -> float:
+        """The whole tree's CPU seconds: wait4's count misses a forkserver and its children, which
+        the child started and left to exit with it, unreaped."""
+        return self.cpu_s + sum(s for role, s in self.cpu_parts_s.items() if role != "process")
+
 
 # Reading one process's PSS costs the kernel about 4 ms (it walks the page tables); a flow's tree
 # of four to six processes read every 50 ms took 30% of a core from the run it measured, and more

@@ -305,7 +305,7 @@ def run_round(r: int, work: Path, inputs, env, api_url, args) -> dict[str, Child
         run_ = runs[name]
         gpu = f", GPU {run_.peak_gpu_mb:.0f} MB" if run_.peak_gpu_mb else ""
         print(
-            f"  round {r} {name:<24} {run_.wall_s:6.1f} s wall {run_.cpu_s:6.1f} s CPU "
+            f"  round {r} {name:<24} {run_.wall_s:6.1f} s wall {run_.tree_cpu_s:6.1f} s CPU "
             f"{run_.peak_tree_rss_mb:5.0f} MB ({run_.peak_tree_anon_mb:.0f} anon{gpu})  "
             f"load {run_.load_before:.1f}  ({phases})",
             flush=True,
@@ -336,7 +336,7 @@ def run_round(r: int, work: Path, inputs, env, api_url, args) -> dict[str, Child
 def report(rounds: list[dict[str, ChildRun]]) -> bool:
     names = list(rounds[0])
     wall = {n: median(r[n].wall_s for r in rounds) for n in names}
-    cpu = {n: median(r[n].cpu_s for r in rounds) for n in names}
+    cpu = {n: median(r[n].tree_cpu_s for r in rounds) for n in names}
     rss = {n: median(r[n].peak_tree_rss_mb for r in rounds) for n in names}
     anon = {n: median(r[n].peak_tree_anon_mb for r in rounds) for n in names}
     gpu = {n: median(r[n].peak_gpu_mb for r in rounds) for n in names}
