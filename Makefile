@@ -66,9 +66,9 @@ unit: $(STAMP)
 # The slow set: the architecture and preset matrices (every family and CPU preset end to end)
 # and the longest end-to-end drills (multi-process faults, torchrun launches); CI runs it after
 # `make test`. Two test processes, a test file each at a time (a file's tests share what its
-# first ones publish): much of a drill is waiting on servers, workers and imports, and in CI
-# with waiting OpenMP threads asleep, that took the set from 2164 s to 1587 s here. The yardstick
-# trains once (tests/conftest.py).
+# first ones publish): much of a drill is waiting on servers, workers and imports. With waiting
+# OpenMP threads asleep (tests/conftest.py), CI's run of the set went from 2164 s to 1504 s here.
+# The yardstick trains once.
 matrix: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile tests/matrix $(PYTEST_ARGS)
 

@@ -180,9 +180,11 @@ class ChildRun:
 
     @property
     def tree_cpu_s(self) -> float:
-        """The whole tree's CPU seconds: wait4's count misses a forkserver and its children, which
-        the child started and left to exit with it, unreaped."""
-        return self.cpu_s + sum(s for role, s in self.cpu_parts_s.items() if role != "process")
+        """The whole tree's CPU seconds: wait4's count misses a forkserver and the children it
+        forked, which the child started and left to exit with it, unreaped. Other subprocesses
+        are reaped by the child, so wait4 counts them already."""
+        unseen = ("forkserver", "children")
+        return self.cpu_s + sum(s for role, s in self.cpu_parts_s.items() if role in unseen)
 
 
 # Reading one process's PSS costs the kernel about 4 ms (it walks the page tables); a flow's tree
@@ -230,15 +232,27 @@ class TreeSampler(threading.Thread):
 
     def role(self, process) -> str:
         """What a process of the tree is, for the peak's breakdown: the flow's own, its
-        forkserver (whose library pages its children share), or a child."""
+        forkserver (whose library pages its children share), the children the forkserver
+        forked, the resource tracker, or another subprocess (a temporary Prefect server)."""
         if process.pid == self.pid:
             return "process"
-        if process.ppid() == self.pid:  # a forked child keeps its forkserver's command line
-            command = " ".join(process.cmdline())
-            for name in ("forkserver", "resource_tracker"):
-                if f"multiprocessing.{name} import main" in command:
-                    return name.replace("_", " ")
-        return "children"
+        # The root's own child this process is or descends from: a forked child keeps its
+        # forkserver's command line, so only the root's direct children are told by theirs.
+        top = next((p for p in [process, *process.parents()] if p.ppid() == self.pid), None)
+        if top is None:  # its parent exited and it was re-parented: no longer the run's
+            return "subprocess"
+        command = " ".join(top.cmdline())
+        kind = next(
+            (
+                name
+                for name in ("forkserver", "resource_tracker")
+                if f"{name} import main" in command
+            ),
+            "subprocess",
+        )
+        if top is process:
+            return kind.replace("_", " ")
+        return "children" if kind == "forkserver" else "subprocess"
 
     def cpu_by_role(self) -> dict[str, float]:
         """CPU seconds by role: what wait4 cannot see, a forkserver's children's (the last

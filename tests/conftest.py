@@ -361,7 +361,10 @@ def pytest_unconfigure(config):
 def pytest_sessionstart(session):
     # The stages' forkserver imports the libraries (about 5 s). Started before collection, it
     # does so on the other core while pytest imports the test modules, not inside the first
-    # test that forks a child.
+    # test that forks a child. Not in pytest-xdist's controller: it runs no test, and its
+    # forkserver's imports would take a core from the workers' start.
+    if session.config.pluginmanager.hasplugin("dsession"):
+        return
     from compressflow.flows.compress import warm_up_children
 
     warm_up_children()

@@ -5,9 +5,8 @@ alone is wrong the other way for local sources: a model folder or data file edit
 its path. `LocalSourceAware` therefore keys on the inputs, the task's source, the code and
 library identity and a cheap stat signature (path, size, mtime, ctime, inode) of every local
 path found among the inputs (`compressflow.store.identity.cache_key`, where every key is
-computed). The stage
-itself then records a content identity (a hash), so a cache hit is still traceable in the
-manifest.
+computed). The stage itself then records a content identity (a hash), so a cache hit is still
+traceable in the manifest.
 
 Cached results point at folders on disk; the flow's stage runner refreshes an entry whose folder
 was deleted, so a cleaned cache never surfaces as a confusing error downstream.
