@@ -130,6 +130,26 @@ NOT_CALLABLE = 42
 # --- sources ------------------------------------------------------------------------------------
 
 
+def test_python_docs_are_the_same_whatever_the_process_imported():
+    # Calibration and the held-out build that leaves its rows out run in different processes:
+    # texts that changed with a process's imports (`email.utils` showing up in `email`) let
+    # calibration rows into the held-out set.
+    import subprocess
+    import sys
+
+    code = (
+        "{}import hashlib; from compressflow.data.local_text import python_docs; "
+        "print(hashlib.sha256(repr(python_docs()).encode()).hexdigest())"
+    )
+    plain, busy = (
+        subprocess.run(
+            [sys.executable, "-c", code.format(imports)], capture_output=True, text=True, check=True
+        ).stdout
+        for imports in ("", "import email.mime.text, logging.handlers, unittest.mock; ")
+    )
+    assert plain and plain == busy
+
+
 def test_python_docs_shortcut(model, test_root):
     built = build(args(dataset_name="python_docs"), model)
 
