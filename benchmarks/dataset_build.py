@@ -44,7 +44,7 @@ def ours(args) -> dict:
 
     from compressflow.data.build import build
     from compressflow.params import DatasetArgs
-    from compressflow.store.caching import cache_root
+    from compressflow.settings import cache_root
     from compressflow.store.identity import dataset_fingerprint
 
     model = FetchedModel(

@@ -1,18 +1,22 @@
 """The logger a stage writes to: its Prefect run logger inside a flow run, a plain one outside.
 
 Stages also run outside flows (`compressflow validate`, tests calling `task.fn`), where Prefect's
-run logger raises MissingContextError.
+run logger raises MissingContextError. A stage's child process never imports Prefect (its
+forkserver leaves it out: 70 MB resident), and so has no run context to look in.
 """
 
 from __future__ import annotations
 
 import logging
-
-from prefect.exceptions import MissingContextError
-from prefect.logging import get_run_logger
+import sys
 
 
 def run_logger(name: str) -> logging.Logger | logging.LoggerAdapter:
+    if "prefect" not in sys.modules:
+        return logging.getLogger(name)
+    from prefect.exceptions import MissingContextError
+    from prefect.logging import get_run_logger
+
     try:
         return get_run_logger()
     except MissingContextError:

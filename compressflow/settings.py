@@ -109,3 +109,8 @@ class Settings(BaseSettings):
 
 def settings() -> Settings:
     return Settings()
+
+
+def cache_root() -> Path:
+    """Where compressflow keeps built datasets: $COMPRESSFLOW_CACHE_DIR or ~/.cache/compressflow."""
+    return settings().cache_dir.expanduser()

@@ -92,7 +92,7 @@ def resolve_inputs(run: Runner, args: RunArgs, weights: bool = True) -> Inputs:
     precheck(args)
     # Only now: the checks above are not kept waiting while it imports. A flow started it at
     # its start already (its imports overlap opening the ClearML task); then this is a no-op.
-    warm_up(check_before_calibration)
+    warm_up()
     # Render waits seconds for those imports: a local folder's content hash runs meanwhile.
     with hashing_early(local_folder(model)):
         rendered = run(render_recipe, recipe)

@@ -39,7 +39,6 @@ from compressflow.reporting.lineage import (
 )
 from compressflow.reporting.tracking import track_flow_run
 from compressflow.results import Calibration, PublishedModel, RenderedRecipe
-from compressflow.runtime.calibration import calibrate_here
 from compressflow.runtime.events import emit_published
 from compressflow.runtime.isolation import warm_up
 from compressflow.runtime.resume import discard
@@ -92,7 +91,7 @@ def compress(
     """
     # First: the forkserver's imports (5 s or more) overlap opening the ClearML task and the
     # cheap stages, instead of starting when the first of them needs a child.
-    warm_up_children()
+    warm_up()
     args = RunArgs(
         model=model,
         dataset=dataset,
@@ -122,19 +121,6 @@ def compress(
     if tracker.failures:
         run_logger(__name__).warning("ClearML tracking failed: %s", "; ".join(tracker.failures))
     return published.model_copy(update={"tracking": tracker.status()})
-
-
-def warm_up_children() -> None:
-    """Start the forkserver every child of a run forks from (calibration, the checks, search,
-    verification), with their modules imported there once."""
-    warm_up(
-        calibrate_here,
-        check_before_calibration,
-        search_target,
-        mix_precision,
-        build_held_out.fn,
-        verify.fn,
-    )
 
 
 def run_stages(args: RunArgs) -> PublishedModel:

@@ -23,7 +23,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from compressflow.logs import run_logger
-from compressflow.model.tracing import meta_model, outside_text_model
+from compressflow.model.tracing import meta_vision_modules
 from compressflow.recipes.tree import add_ignore, dump_recipe, iter_modifiers, quantizes
 from compressflow.registries.architectures import ARCHITECTURES, Architecture
 from compressflow.reporting import tracking
@@ -41,13 +41,6 @@ def vision_modules(model: FetchedModel, config: dict[str, Any]) -> list[str]:
     if not any(key.endswith("_config") and key != "text_config" for key in config):
         return []
     return in_child(meta_vision_modules, model)
-
-
-def meta_vision_modules(model: FetchedModel) -> list[str]:
-    from transformers import AutoConfig
-
-    loaded = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
-    return outside_text_model(meta_model(loaded, model.model_class, model.trust_remote_code))
 
 
 def subtree(path: str) -> str:

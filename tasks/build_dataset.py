@@ -17,7 +17,8 @@ from compressflow.params import DatasetArgs
 from compressflow.reporting import tracking
 from compressflow.results import BuiltDataset, FetchedModel
 from compressflow.runtime.isolation import in_child
-from compressflow.store.caching import CACHE_EXPIRATION, LocalSourceAware, cache_root
+from compressflow.settings import cache_root
+from compressflow.store.caching import CACHE_EXPIRATION, LocalSourceAware
 from compressflow.store.identity import dataset_fingerprint
 
 

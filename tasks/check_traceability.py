@@ -2,39 +2,22 @@
 
 The trace and the checks of the recipe's shapes against the model live in
 `compressflow.model.tracing`; the calibration sample the trace takes is read by
-`compressflow.data.build`. This module runs them in a child and reports what they found.
+`compressflow.data.build`, joined by `compressflow.runtime.calibration.trace_for_pipeline`.
+This module runs them in a child and reports what they found.
 """
 
 from __future__ import annotations
 
 from prefect import task
 
-from compressflow.data.build import first_sample
 from compressflow.errors import TraceabilityError
 from compressflow.logs import run_logger
-from compressflow.model.tracing import check_shapes, trace_config
+from compressflow.model.tracing import check_shapes
 from compressflow.params import RecipeArgs
 from compressflow.reporting import tracking
 from compressflow.results import BuiltDataset, FetchedModel, RenderedRecipe, TraceReport
+from compressflow.runtime.calibration import trace_for_pipeline
 from compressflow.runtime.isolation import in_child
-
-
-# Here, not in a bottom group: it joins the data group's sample and the model group's trace.
-def trace(
-    model: FetchedModel, recipe: RenderedRecipe, dataset: BuiltDataset, args: RecipeArgs
-) -> TraceReport:
-    """The model's config traced on the meta device as the sequential pipeline will."""
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
-    return trace_config(
-        config,
-        first_sample(dataset),
-        model_class=model.model_class,
-        sequential_targets=args.sequential_targets or recipe.sequential_targets,
-        tracing_ignore=args.tracing_ignore or None,
-        trust_remote_code=model.trust_remote_code,
-    )
 
 
 @task(name="check traceability")
@@ -63,7 +46,7 @@ def check_traceability(
         )
 
     try:
-        report = in_child(trace, model, recipe, dataset, args)
+        report = in_child(trace_for_pipeline, model, recipe, dataset, args)
     except TraceabilityError as exc:
         logger.error("Traceability check failed: %s", exc)
         tracker.params("traceability", {"checked": False, "error": str(exc)})

@@ -16,7 +16,7 @@ from prefect.cache_policies import NO_CACHE
 from compressflow.errors import EvaluationError
 from compressflow.logs import run_logger
 from compressflow.model.serving import serve_and_score
-from compressflow.reporting.quality import load_causal_lm, score
+from compressflow.reporting.quality import score_with_transformers
 from compressflow.results import FetchedModel, HeldOutText, QualityMetrics
 from compressflow.runtime.isolation import in_child
 
@@ -30,22 +30,6 @@ def score_in_vllm(base: FetchedModel, compressed_path: str, held_out: HeldOutTex
             "evaluate with engine 'transformers' (it runs wherever the models load)",
         )
     return served.metrics
-
-
-def score_with_transformers(
-    base: FetchedModel, compressed_path: str, held_out: HeldOutText
-) -> QualityMetrics:
-    base_model = load_causal_lm(
-        base.path, base.model_class, base.trust_remote_code, "the base model", "base.model_id"
-    )
-    compressed = load_causal_lm(
-        compressed_path,
-        base.model_class,
-        base.trust_remote_code,
-        "the compressed model",
-        "compressed.model_id",
-    )
-    return score(base_model, compressed, held_out.input_ids)
 
 
 @task(name="compare models", cache_policy=NO_CACHE)

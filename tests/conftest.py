@@ -62,9 +62,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 def stage_children():
     """The forkserver the stages' children fork from, with the flow's modules imported, as a run
     starts it: a child then imports nothing of its own (about 0.5 s a child here otherwise)."""
-    from compressflow.flows.compress import warm_up_children
+    from compressflow.runtime.isolation import warm_up
 
-    warm_up_children()
+    warm_up()
 
 
 @pytest.fixture(scope="session")
@@ -365,6 +365,6 @@ def pytest_sessionstart(session):
     # forkserver's imports would take a core from the workers' start.
     if session.config.pluginmanager.hasplugin("dsession"):
         return
-    from compressflow.flows.compress import warm_up_children
+    from compressflow.runtime.isolation import warm_up
 
-    warm_up_children()
+    warm_up()

@@ -7,6 +7,9 @@ saved with `save_to_disk` under `<folder>/<fingerprint>`. The fingerprint is a h
 so the same data built twice lands in, and reuses, the same folder. The build dataset stage passes
 the folder (`$COMPRESSFLOW_CACHE_DIR/datasets`) and the fingerprint function
 (`dataset_fingerprint` of `compressflow.store.identity`): the data group imports no store module.
+
+The held-out texts the evaluation scores (`held_out_text`) come from a source the same way, less
+the rows the calibration build drew from it when both read the same source.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from compressflow.data.vision import load_vision_processor, model_inputs, proces
 from compressflow.errors import DatasetError
 from compressflow.logs import run_logger
 from compressflow.params import DatasetArgs
-from compressflow.results import BuiltDataset, FetchedModel
+from compressflow.results import BuiltDataset, FetchedModel, HeldOutText
 
 
 def build(
@@ -136,3 +139,40 @@ def first_sample(dataset: BuiltDataset) -> dict[str, Any]:
     from datasets import load_from_disk
 
     return model_inputs(load_from_disk(dataset.path)[0])
+
+
+# DatasetArgs fields that decide which rows exist: equal ones mean the same source rows.
+SOURCE_FIELDS = ("dataset_name", "dataset_config_name", "split", "text_column", "dataset_loader")
+
+
+def held_out_text(
+    args: DatasetArgs, model: FetchedModel, calibration: DatasetArgs | None
+) -> HeldOutText:
+    """`args.text_samples` evaluation texts from `args`' source, without the rows `calibration`
+    drew from it (the build held-out text stage's child)."""
+    tokenizer = load_tokenizer(model)
+    dataset, source, entry = load_source(args)
+    format_row, templated = row_formatter(dataset, args, entry, tokenizer, source)
+    excluded = 0
+    same_source = calibration is not None and all(
+        getattr(calibration, f) == getattr(args, f) for f in SOURCE_FIELDS
+    )
+    if same_source and calibration.text_samples:
+        # The dataset stage's own sampling, rerun: the exact texts the model was calibrated on.
+        used = set(
+            sample_texts(dataset, format_row, calibration.text_samples, calibration.seed, source)
+        )
+        before = len(dataset)
+        dataset = dataset.filter(
+            lambda row: format_row(row) not in used,
+            keep_in_memory=True,
+            new_fingerprint="held-out",  # in memory; spares datasets hashing the closure
+        )
+        excluded = before - len(dataset)
+    texts = sample_texts(dataset, format_row, args.text_samples, args.seed, source)
+    tokenized = tokenize(texts, tokenizer, args.max_seq_len, add_special_tokens=not templated)
+    return HeldOutText(
+        source=source,
+        input_ids=[ids for ids in tokenized["input_ids"] if len(ids) > 1],
+        excluded_calibration_samples=excluded,
+    )

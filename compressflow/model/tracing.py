@@ -403,3 +403,11 @@ def check_shapes(model: FetchedModel, recipe: RenderedRecipe) -> None:
     """The recipe's group sizes and SmoothQuant mappings fit the model's layers."""
     check_quantized_layers(model, recipe)
     check_smoothquant_mappings(model, recipe)
+
+
+def meta_vision_modules(model: FetchedModel) -> list[str]:
+    """The modules outside the language model, from a meta model of `model`'s config."""
+    from transformers import AutoConfig
+
+    loaded = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    return outside_text_model(meta_model(loaded, model.model_class, model.trust_remote_code))

@@ -277,3 +277,20 @@ def perplexity_of(path: str, model: FetchedModel, held_out: HeldOutText) -> floa
     finally:
         del loaded
         gc.collect()
+
+
+def score_with_transformers(
+    base: FetchedModel, compressed_path: str, held_out: HeldOutText
+) -> QualityMetrics:
+    """Both models loaded with transformers and scored on `held_out` (the compare stage's child)."""
+    base_model = load_causal_lm(
+        base.path, base.model_class, base.trust_remote_code, "the base model", "base.model_id"
+    )
+    compressed = load_causal_lm(
+        compressed_path,
+        base.model_class,
+        base.trust_remote_code,
+        "the compressed model",
+        "compressed.model_id",
+    )
+    return score(base_model, compressed, held_out.input_ids)

@@ -30,6 +30,7 @@ from compressflow.compat import (
     as_plain_linear,
     save_under_source_names,
 )
+from compressflow.data.build import first_sample
 from compressflow.data.text_sources import load_processor
 from compressflow.data.user_code import import_callable
 from compressflow.data.vision import collate_one
@@ -38,7 +39,8 @@ from compressflow.inputs import Inputs
 from compressflow.logs import run_logger
 from compressflow.model.loading import load_complete
 from compressflow.model.memory import load_offloaded
-from compressflow.params import VerifyArgs
+from compressflow.model.tracing import trace_config
+from compressflow.params import RecipeArgs, VerifyArgs
 from compressflow.registries.architectures import ARCHITECTURES
 from compressflow.reporting.progress import on_subgraph_done, sequential_passes, subgraphs_per_pass
 from compressflow.reporting.quality import logits_of, save_reference
@@ -55,6 +57,7 @@ from compressflow.results import (
     MemoryPlan,
     ModuleMetric,
     RenderedRecipe,
+    TraceReport,
     gib,
 )
 from compressflow.runtime.pipeline import resumable_pipeline
@@ -409,3 +412,22 @@ def calibrate_here(
         resumed_from=checkpoint.resumed_from if checkpoint else None,
     )
     return result
+
+
+# Here, not in a bottom group: it joins the data group's sample and the model group's trace.
+# Beside calibrate_here: the trace is the one its sequential pipeline will make.
+def trace_for_pipeline(
+    model: FetchedModel, recipe: RenderedRecipe, dataset: BuiltDataset, args: RecipeArgs
+) -> TraceReport:
+    """The model's config traced on the meta device as the sequential pipeline will."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
+    return trace_config(
+        config,
+        first_sample(dataset),
+        model_class=model.model_class,
+        sequential_targets=args.sequential_targets or recipe.sequential_targets,
+        tracing_ignore=args.tracing_ignore or None,
+        trust_remote_code=model.trust_remote_code,
+    )

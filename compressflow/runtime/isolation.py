@@ -46,8 +46,10 @@ from compressflow.errors import CalibrationError, CompressflowError
 from compressflow.logs import run_logger
 from compressflow.model.cpus import ChildThreads
 
-# The libraries and what children would build again; verify's checks, a sibling of runtime.
+# The libraries, the modules whose functions children run, and what children would build
+# again; verify's checks, a sibling of runtime. No Prefect: nothing a child runs needs it.
 PRELOAD = ["compressflow.runtime.preload", "compressflow.verification.run"]
+STAGE_LAYERS = ("compressflow.flows", "compressflow.tasks")
 KILL_GRACE_SECONDS = 10
 # A child that has sent its end is exiting (milliseconds, as a rule): how long it may take.
 EXIT_GRACE_SECONDS = 2
@@ -254,25 +256,31 @@ def _died(what: str, exitcode: int | None, tail: _Tail) -> CalibrationError:
     return _ended(what, f"exited with code {exitcode} without a result", tail)
 
 
-def _context(*targets: Callable):
-    # The targets' own modules too, so a child starts with nothing left to import (about 0.5 s a
-    # child otherwise, and a run forks a dozen). Only the first call's list counts: the forkserver
-    # then runs for the life of this process.
+def _refuse_stage_function(target: Callable) -> None:
+    """A child unpickles `target` by importing its module: a stage's would bring Prefect."""
+    if target.__module__.startswith(STAGE_LAYERS):
+        raise TypeError(
+            f"{target.__module__}.{target.__qualname__} cannot run in a child: a stage's module "
+            "imports Prefect, which the forkserver leaves out (70 MB in every child); define what "
+            "a child runs in compressflow's bottom layer"
+        )
+
+
+def _context():
+    # Only the first call's list counts: the forkserver then runs for the life of this process.
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([*PRELOAD, *dict.fromkeys(t.__module__ for t in targets)])
+    context.set_forkserver_preload(PRELOAD)
     return context
 
 
-def warm_up(*targets: Callable) -> None:
+def warm_up() -> None:
     """Start the forkserver now, so its imports overlap the stages that run before calibration.
 
-    Its ~6 s of imports would otherwise start when the first child does. `targets` are the
-    functions children will run (or functions of the modules that import them): their modules
-    are imported once, in the forkserver.
+    Its ~6 s of imports would otherwise start when the first child does.
     """
     from multiprocessing import forkserver
 
-    _context(*targets)
+    _context()
     with _starting_children():
         forkserver.ensure_running()
 
@@ -342,7 +350,8 @@ def run_isolated(
     set over this process's in the child (the GPUs it may use). Whatever ends the wait (the
     result, an error, a timeout or cancellation raised here) the child is gone after.
     """
-    context = _context(target)
+    _refuse_stage_function(target)
+    context = _context()
     receiver, sender = context.Pipe(duplex=False)
     stderr, stderr_sender = context.Pipe(duplex=False)
     child_environment = {**os.environ, **(environment or {})}
@@ -420,8 +429,9 @@ def in_child(function: Callable, *args: Any) -> Any:
     For the stages' work that needs torch, transformers or llm-compressor: they are imported in
     the forkserver once and never in the task's process. `function` and `args` must pickle.
     """
-    # A death names the stage, by its module (tasks/plan_memory.py: "plan memory"), and the
-    # function: "the plan memory (plan_for) process was killed by SIGKILL".
+    # A death names the function and its module (compressflow/model/memory.py: "memory"): "the
+    # memory (plan_for) process was killed by SIGKILL".
     stage = function.__module__.rsplit(".", 1)[-1].replace("_", " ")
     what = f"{stage} ({function.__name__})"
+    _refuse_stage_function(function)
     return run_isolated(_call, (function, args), lambda kind, payload: None, what)

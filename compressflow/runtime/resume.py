@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 from compressflow.logs import run_logger
+from compressflow.settings import cache_root
 from compressflow.store.atomic import write_atomic
-from compressflow.store.caching import cache_root
 from compressflow.store.identity import file_sha256
 
 ROOT = "calibration-resume"

@@ -16,13 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from prefect.cache_policies import INPUTS, TASK_SOURCE, CachePolicy
 from prefect.context import TaskRunContext
 
-from compressflow.settings import settings
 from compressflow.store.identity import cache_key
 
 # Unpinned hub revisions ("main") are re-resolved after this long; pinned ones never change.
@@ -43,8 +41,3 @@ class LocalSourceAware(CachePolicy):
     ) -> str | None:
         base = (INPUTS + TASK_SOURCE).compute_key(task_ctx, inputs, flow_parameters, **kwargs)
         return None if base is None else cache_key(base, inputs)
-
-
-def cache_root() -> Path:
-    """Where compressflow keeps built datasets: $COMPRESSFLOW_CACHE_DIR or ~/.cache/compressflow."""
-    return settings().cache_dir.expanduser()

@@ -90,7 +90,7 @@ def test_held_out_text_leaves_out_the_calibration_samples(compressed, tiny_model
     from datasets import load_from_disk
 
     from compressflow.data.build import build
-    from compressflow.store.caching import cache_root
+    from compressflow.settings import cache_root
     from compressflow.store.identity import dataset_fingerprint
 
     base = fetch(ModelArgs(model_id=str(tiny_model)))

@@ -133,6 +133,41 @@ def test_the_forkserver_asks_for_a_gpu_without_initializing_cuda():
     assert "PYTORCH_NVML_BASED_CUDA_CHECK" not in os.environ
 
 
+def modules_imported(events):
+    """Which of Prefect and ClearML this child has imported."""
+    return sorted(name for name in ("prefect", "clearml") if name in sys.modules)
+
+
+def test_children_run_without_prefect_and_stage_modules_cannot_run_in_one():
+    # Prefect is 70 MB resident: imported by the forkserver, it was in every child's memory,
+    # the calibrating one's too, beside what a bare script holds. A stage module's function
+    # pickled to a child would import it there again: refused, with where to put it instead.
+    from compressflow.tasks.build_held_out import build_held_out
+
+    assert run_isolated(modules_imported, (), lambda kind, payload: None, "plan") == []
+    with pytest.raises(TypeError, match="bottom layer"):
+        in_child(build_held_out.fn, None, None, None)
+
+
+def test_no_stage_module_defines_a_function_its_children_run():
+    # The refusal above for every call site at once, before any of them runs: a child's
+    # function defined beside its task is only found by the run that reaches it.
+    import ast
+
+    root = Path(__file__).resolve().parents[2]
+    for path in [*root.joinpath("tasks").glob("*.py"), *root.joinpath("flows").glob("*.py")]:
+        tree = ast.parse(path.read_text())
+        defined = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", None) in ("in_child", "run_isolated")
+                and node.args
+                and isinstance(node.args[0], ast.Name)
+            ):
+                assert node.args[0].id not in defined, f"{path.name}:{node.lineno}"
+
+
 def _own_kb() -> int:
     """kB of this process's pages that are its own: written since the fork, by it or its parent."""
     rollup = Path("/proc/self/smaps_rollup").read_text()
