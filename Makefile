@@ -52,10 +52,12 @@ demo: $(STAMP)
 	$(PY) -m compressflow.demo
 
 # The folder decides a test's tier (tests/conftest.py sets the e2e and matrix markers from it).
-# Every behaviour, one end-to-end run each: the unit tests, then the end-to-end ones; the slow
-# matrices run in `make matrix`.
+# Every behaviour, one end-to-end run each: the unit and end-to-end tests; the slow matrices run
+# in `make matrix`. Two test processes, a test file each at a time, as `make matrix`: an
+# end-to-end test waits on servers, workers and stage children most of its time (one process:
+# 378 s on a slow day here; two: 293 s).
 test: $(STAMP)
-	$(PY) -m pytest -q tests/unit tests/e2e $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n 2 --dist loadfile tests/unit tests/e2e $(PYTEST_ARGS)
 
 # The fast tests alone: no Prefect server, no end-to-end run. Two test processes (pytest-xdist):
 # one waits on its stage children most of the time, leaving the other core idle (65 s -> 51 s
