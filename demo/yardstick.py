@@ -55,7 +55,7 @@ from compressflow.reporting import quality
 SPEC_FILE = "yardstick_spec.json"
 MODEL_DIR = "yardstick-llama"
 # What a build writes under its root, and so may write over (an interrupted build's leftovers).
-OURS = {MODEL_DIR, "calibration.jsonl", "held_out.jsonl"}
+OURS = {MODEL_DIR, "calibration.jsonl", "held_out.jsonl", LOCK := ".build.lock"}
 TRAINING_THREADS = 2
 
 
@@ -213,21 +213,33 @@ def _train(spec: YardstickSpec, tokenizer, train_texts: list[str]):
 
 def build_yardstick(root: str | Path, spec: YardstickSpec = YardstickSpec()) -> Yardstick:
     """Build the yardstick under `root` (yardstick-llama/, calibration.jsonl, held_out.jsonl), or
-    reuse it. A `root` holding anything else is refused: building writes over those names."""
-    import torch
+    reuse it. A `root` holding anything else is refused: building writes over those names.
+
+    Processes that ask for one `root` at once (the demo, test sessions, pytest-xdist's workers)
+    take turns: the first builds, the others wait and reuse it.
+    """
+    import fcntl
 
     root = Path(root)
-    model_dir = root / MODEL_DIR
-    marker = model_dir / SPEC_FILE
-    found = _reuse(root, marker, spec)
-    if found is not None:
-        return found
     others = sorted(p.name for p in root.iterdir() if p.name not in OURS) if root.is_dir() else []
     if others:
         raise FileExistsError(
             f"{root} holds files the yardstick did not write ({', '.join(others[:3])}); give it "
             "an empty or new folder"
         )
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _reuse(root, spec) or _build(root, spec)
+
+
+def _build(root: Path, spec: YardstickSpec) -> Yardstick:
+    import torch
+
+    model_dir = root / MODEL_DIR
+    marker = model_dir / SPEC_FILE
+    # An older build's marker stays valid for its own key while this one writes over its files.
+    marker.unlink(missing_ok=True)
     wall, cpu = time.perf_counter(), time.process_time()
     threads = torch.get_num_threads()
     torch.set_num_threads(training_threads())
@@ -263,7 +275,8 @@ def build_yardstick(root: str | Path, spec: YardstickSpec = YardstickSpec()) -> 
     return Yardstick(model_dir, root / "calibration.jsonl", root / "held_out.jsonl", spec, built)
 
 
-def _reuse(root: Path, marker: Path, spec: YardstickSpec) -> Yardstick | None:
+def _reuse(root: Path, spec: YardstickSpec) -> Yardstick | None:
+    marker = root / MODEL_DIR / SPEC_FILE
     if not marker.exists():
         return None
     recorded = json.loads(marker.read_text())

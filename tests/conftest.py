@@ -26,10 +26,9 @@ import safetensors
 from support.models import HUB_SHA, CountedOpen
 
 _ROOT = Path(tempfile.mkdtemp(prefix="compressflow-tests-"))
-# What every test process of one run shares: under pytest-xdist the controller makes it and its
-# workers inherit the variable, so the yardstick trains once, not once a worker side by side.
-_SHARED = Path(os.environ.setdefault("COMPRESSFLOW_TESTS_SHARED", str(_ROOT / "shared")))
-_SHARED.mkdir(exist_ok=True)
+# The demo's: it trains once for every test session, xdist worker and `make demo` of this
+# checkout (keyed on its spec, code and library versions; demo/yardstick.py), not once a session.
+YARDSTICK_ROOT = Path(__file__).resolve().parents[1] / ".demo" / "yardstick"
 os.environ.update(
     PREFECT_HOME=str(_ROOT / "prefect"),
     PREFECT_SERVER_ANALYTICS_ENABLED="false",
@@ -117,19 +116,14 @@ def sharded_tiny_model(tiny_model, test_root) -> Path:
 @pytest.fixture(scope="session")
 def yardstick():
     """The learned-weights yardstick (demo/yardstick.py): a small Llama trained for a few CPU
-    minutes, with calibration and held-out text; built once per run."""
+    minutes, with calibration and held-out text; trained once per checkout."""
     return _build_yardstick()  # built already: pytest_collection_finish
 
 
 def _build_yardstick():
-    """The yardstick in the run's shared folder: the first process builds, the others wait."""
-    import fcntl
-
     from compressflow.demo.yardstick import build_yardstick
 
-    with open(_SHARED / "yardstick.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return build_yardstick(_SHARED / "yardstick")
+    return build_yardstick(YARDSTICK_ROOT)
 
 
 @pytest.fixture()
