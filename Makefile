@@ -4,6 +4,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
+# Each module is compiled by the first process that imports it and its .pyc kept: this host sets
+# PYTHONDONTWRITEBYTECODE, and without .pyc files every process compiled torch again (make test
+# took 8 minutes, not 5). Empty is unset, for Python.
+export PYTHONDONTWRITEBYTECODE :=
+
 # Offline-friendly defaults: the temporary Prefect server takes ~20 s to start on 2 cores.
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
@@ -17,16 +22,13 @@ PYTEST_ARGS ?=
 # Into venv $(1), packages $(2). torch first, pinned, with pip: resolving a bare torch pulls the
 # newest CUDA build (several GB), and pip finds the CPU wheel these machines keep on disk. The
 # rest with uv where it installs (about 150 packages in seconds, against 50 s for pip), else
-# with pip. Everything byte-compiled, in parallel: without .pyc files (this host sets
-# PYTHONDONTWRITEBYTECODE) every process compiles torch again (make test took 8 minutes, not 5),
-# and children copy the forkserver's pages. compileall's status is ignored: one torch test file
-# is Python 3.12 syntax.
+# with pip. Not byte-compiled here: compiling every module took 30 of a first demo's 57 s of
+# install, for the few it imports (below).
 define install
 	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
 	$(1)/bin/python -m pip install -q --no-compile torch==2.13.0
-	$(1)/bin/python -m compileall -q -j 0 $(1)/lib/python3*/site-packages/torch > /dev/null || true
 	($(1)/bin/python -m pip install -q uv \
-		&& $(1)/bin/python -m uv pip install -q --compile-bytecode --python $(1)/bin/python $(2)) \
+		&& $(1)/bin/python -m uv pip install -q --python $(1)/bin/python $(2)) \
 		|| $(1)/bin/python -m pip install -q $(2)
 endef
 
