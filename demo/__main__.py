@@ -38,10 +38,14 @@ def main() -> None:
         yardstick = build_yardstick(DEMO_DIR / "yardstick")
         options.model_id = str(yardstick.model.resolve())
         dataset_name, max_seq_len = str(yardstick.calibration.resolve()), yardstick.spec.seq_len
+    # In the demo's own folder, an output of an earlier demo model (a yardstick built by older
+    # code) is replaced: overwrite deletes only the files its manifest lists. A folder the user
+    # chose keeps the flow's default, refusal.
+    own_folder = "COMPRESSFLOW_OUTPUT_DIR" not in os.environ
     os.environ.setdefault("COMPRESSFLOW_OUTPUT_DIR", str((DEMO_DIR / "outputs").resolve()))
 
     from compressflow.flows.compress import compress
-    from compressflow.params import DatasetArgs, ModelArgs, RecipeArgs
+    from compressflow.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
     from compressflow.reporting.model_card import CARD, vllm_line
     from compressflow.store.manifest import read_manifest
 
@@ -53,6 +57,7 @@ def main() -> None:
             max_seq_len=max_seq_len,
         ),
         recipe=RecipeArgs(recipe=options.recipe),
+        output=OutputArgs(overwrite=own_folder),
     )
     print()
     print(f"Compressed model: {published.path}")
