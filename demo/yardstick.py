@@ -51,6 +51,7 @@ from pathlib import Path
 from compressflow.demo.assets import build_tokenizer
 from compressflow.model.cpus import usable_cpus
 from compressflow.reporting import quality
+from compressflow.store.atomic import write_atomic
 
 SPEC_FILE = "yardstick_spec.json"
 MODEL_DIR = "yardstick-llama"
@@ -238,7 +239,8 @@ def _build(root: Path, spec: YardstickSpec) -> Yardstick:
 
     model_dir = root / MODEL_DIR
     marker = model_dir / SPEC_FILE
-    # An older build's marker stays valid for its own key while this one writes over its files.
+    # An older build's marker (`_reuse` read it as a build's) stays valid for its own key while
+    # this one writes over its files.
     marker.unlink(missing_ok=True)
     wall, cpu = time.perf_counter(), time.process_time()
     threads = torch.get_num_threads()
@@ -270,17 +272,27 @@ def _build(root: Path, spec: YardstickSpec) -> Yardstick:
         "held_out_files": [f.name for f in held_out_files],
         "parameters": sum(p.numel() for p in model.parameters()),
     }
-    # Written last: its presence means the folder is complete.
-    marker.write_text(json.dumps({**_key(spec), "built": built}, indent=1))
+    # Written last, whole or not at all: its presence means the folder is complete.
+    text = json.dumps({**_key(spec), "built": built}, indent=1)
+    write_atomic(marker, lambda path: path.write_text(text))
     return Yardstick(model_dir, root / "calibration.jsonl", root / "held_out.jsonl", spec, built)
 
 
 def _reuse(root: Path, spec: YardstickSpec) -> Yardstick | None:
+    """The build under `root` when its key is `spec`'s; a marker no build wrote is refused."""
     marker = root / MODEL_DIR / SPEC_FILE
     if not marker.exists():
         return None
-    recorded = json.loads(marker.read_text())
-    built = recorded.pop("built", {})
+    try:
+        recorded = json.loads(marker.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        recorded = None
+    if not isinstance(recorded, dict) or "built" not in recorded:
+        raise FileExistsError(
+            f"{marker} was not written by a yardstick build; give the yardstick an empty or new "
+            "folder"
+        )
+    built = recorded.pop("built")
     if recorded != _key(spec):
         return None
     return Yardstick(

@@ -59,7 +59,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 @pytest.fixture(scope="session", autouse=True)
 def stage_children():
-    """The forkserver the stages' children fork from, with the flow's modules imported, as a run
+    """The forkserver the stages' children fork from, with their modules imported, as a run
     starts it: a child then imports nothing of its own (about 0.5 s a child here otherwise)."""
     from compressflow.runtime.isolation import warm_up
 

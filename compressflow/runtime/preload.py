@@ -2,11 +2,11 @@
 
 Imported only in the forkserver (`isolation.PRELOAD`), never in the flow's process: the libraries,
 compressflow's modules whose functions children run, and llm-compressor's modifier registry. Not
-Prefect: no child needs it, and every child would carry its 70 MB (`tests/unit/test_calibration_runs.py`
-checks it stays out). The registry is
-filled lazily by the first recipe a process parses: it walks every modifier package and imports
-auto-round with it (about 150 modules, 0.4 s). Filled here, every child that renders or checks a
-recipe starts with it; left to the children, each paid it again (a run forks a dozen).
+Prefect: no child needs it, and every child would carry its 70 MB
+(`tests/unit/test_calibration_runs.py` checks it stays out). The registry is filled lazily by the
+first recipe a process parses: it walks every modifier package and imports auto-round with it
+(about 150 modules, 0.4 s). Filled here, every child that renders or checks a recipe starts with
+it; left to the children, each paid it again (a run forks a dozen).
 """
 
 import datasets  # noqa: F401
