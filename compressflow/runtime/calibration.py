@@ -245,13 +245,14 @@ def calibration_checkpoint(
         )
     if not plan.checkpoint_folder or dataset is None:
         return None
-    import torch
-
     arguments = {
         name: value if isinstance(value, (str, int, float, bool, list, type(None))) else repr(value)
         for name, value in oneshot_kwargs.items()
         if name not in ("dataset", "data_collator")
     }
+    # Not the thread count: a child's share changes with the host's load, during a run too
+    # (compressflow.model.cpus), and a crashed run on a busy host would otherwise start over.
+    # Threads change only the order of float sums, as a share change mid-run already does.
     key = resume_key(
         model=model.identity,
         model_class=model.model_class,
@@ -260,7 +261,6 @@ def calibration_checkpoint(
         oneshot=arguments,
         data_collator=getattr(oneshot_kwargs.get("data_collator"), "__qualname__", None),
         device=plan.device,
-        threads=torch.get_num_threads(),
     )
     folder = Path(plan.checkpoint_folder) / recipe.sha256[:16]
     return CalibrationCheckpoint(folder, key, plan.checkpoint_interval_s)

@@ -15,9 +15,9 @@ saves, under `<cache root>/calibration-resume/<run>/`:
   manifest and every file it names in place.
 
 `key.json` holds what the run depends on (model, data, recipe, oneshot arguments, library and
-compressflow code versions, device, threads). A checkpoint whose key differs, or whose files are
-missing or fail their hash, is discarded with a warning and the run starts over. The folder is
-deleted once the run publishes.
+compressflow code versions, device; not the thread count, which follows the host's load). A
+checkpoint whose key differs, or whose files are missing or fail their hash, is discarded with a
+warning and the run starts over. The folder is deleted once the run publishes.
 """
 
 from __future__ import annotations

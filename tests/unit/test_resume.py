@@ -321,3 +321,32 @@ def test_the_plan_checks_the_checkpoints_disk_cost(tmp_path, monkeypatch):
     assert planned(100, interval=-1).checkpoint_folder == ""
     with pytest.raises(ResourceError, match="calibration.checkpoint_interval_s"):
         planned(2**60)
+
+
+def test_a_checkpoint_resumes_under_another_thread_share(tmp_path):
+    """A crashed run on a busy host comes back with another share of its CPUs (and a share
+    changes during a run anyway): that is no reason to start over."""
+    from types import SimpleNamespace
+
+    from compressflow.runtime.calibration import calibration_checkpoint
+
+    inputs = (
+        SimpleNamespace(identity="sha256:model", model_class="LlamaForCausalLM"),
+        SimpleNamespace(fingerprint="data"),
+        SimpleNamespace(sha256="r" * 64),
+        SimpleNamespace(
+            checkpoint_folder=str(tmp_path / resume.ROOT / "run"),
+            checkpoint_interval_s=0,
+            device="cpu",
+        ),
+        {"max_seq_length": 128},
+    )
+    threads = torch.get_num_threads()
+    try:
+        keys = []
+        for count in (1, 3):
+            torch.set_num_threads(count)
+            keys.append(calibration_checkpoint(*inputs).key)
+    finally:
+        torch.set_num_threads(threads)
+    assert keys[0] == keys[1]
