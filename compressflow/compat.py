@@ -531,6 +531,23 @@ def onload_weights_once(model) -> None:
         module.forward = forward
 
 
+@contextmanager
+def linears_built_without_init() -> Iterator[None]:
+    """`torch.nn.Linear`s built inside skip their random initialization.
+
+    llm-compressor 0.14.0.1's model-free path (`initialize_quantized_linear`) builds a Linear for
+    every weight it quantizes, which kaiming-initializes a full-size weight, then copies the
+    checkpoint's weight over it: on CPU, 2.8 of model_free_ptq's 8.8 s on a 1.87 GB model
+    (benchmarks/README.md). transformers' `no_init_weights` turns torch's init functions into
+    no-ops while it is entered. Belongs upstream in `initialize_quantized_linear`
+    (`torch.nn.utils.skip_init`, or build on the meta device).
+    """
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights():
+        yield
+
+
 def patch_reloads() -> None:
     """Every reload-side workaround above, for code that reloads compressed checkpoints."""
     patch_int8_moe_reload()

@@ -458,3 +458,28 @@ def test_a_failed_check_raises_with_the_field_and_fix_of_its_registry_entry(
         assert raised.value.field == (given_in if check.field == "recipe" else check.field)
         assert raised.value.fix == check.fix
         assert f"{name}: wrong" in raised.value.problem
+
+
+@pytest.mark.parametrize("scheme", ["FP8_DYNAMIC", "FP8_BLOCK", "MXFP8"])
+def test_model_free_writes_the_same_bytes_without_the_linears_random_init(
+    sharded_tiny_model, tmp_path, scheme
+):
+    """The calibrate stage runs model_free_ptq with torch's init functions turned off (each
+    quantized weight's Linear is built, then the checkpoint's weight copied over it): every
+    file it writes is what the library alone writes, for each scheme the model-free plan runs."""
+    from compressflow.results import FetchedModel
+    from compressflow.runtime.calibration import calibrate_model_free
+
+    plain, _, plan = model_free_output(sharded_tiny_model, tmp_path, scheme)
+    plan = plan.model_copy(
+        update={"model_free_ignore": ["lm_head", "re:.*embed_tokens"], "device": "cpu"}
+    )
+    model = FetchedModel.model_construct(
+        path=str(sharded_tiny_model), model_id="tiny", model_class="LlamaForCausalLM"
+    )
+    fast = tmp_path / "fast"
+    calibrate_model_free(model, plan, str(fast))
+    written = sorted(path.name for path in plain.glob("*.safetensors"))
+    assert written and written == sorted(path.name for path in fast.glob("*.safetensors"))
+    assert all((plain / name).read_bytes() == (fast / name).read_bytes() for name in written)
+    assert torch.nn.Linear(4, 4).weight.abs().sum() > 0  # torch's init is back afterwards
