@@ -21,3 +21,14 @@ def run_logger(name: str) -> logging.Logger | logging.LoggerAdapter:
         return get_run_logger()
     except MissingContextError:
         return logging.getLogger(name)
+
+
+def stage_name() -> str | None:
+    """The running Prefect task's name ("build held-out text"); None outside a task run, and in
+    a process that has not imported Prefect (a stage's child, `compressflow validate`)."""
+    if "prefect" not in sys.modules:
+        return None
+    from prefect.context import TaskRunContext
+
+    context = TaskRunContext.get()
+    return context.task.name if context is not None else None

@@ -43,7 +43,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from compressflow.errors import CalibrationError, CompressflowError
-from compressflow.logs import run_logger
+from compressflow.logs import run_logger, stage_name
 from compressflow.model.cpus import ChildThreads
 
 # The libraries, the modules whose functions children run, and what children would build
@@ -429,9 +429,10 @@ def in_child(function: Callable, *args: Any) -> Any:
     For the stages' work that needs torch, transformers or llm-compressor: they are imported in
     the forkserver once and never in the task's process. `function` and `args` must pickle.
     """
-    # A death names the function and its module (compressflow/model/memory.py: "memory"): "the
-    # memory (plan_for) process was killed by SIGKILL".
-    stage = function.__module__.rsplit(".", 1)[-1].replace("_", " ")
+    # A death names the stage and the function: "the plan memory (plan_for) process was killed
+    # by SIGKILL". Outside a task run, the function's module stands in (model/memory.py:
+    # "memory"): functions live below the stages, so their modules are not the stages' names.
+    stage = stage_name() or function.__module__.rsplit(".", 1)[-1].replace("_", " ")
     what = f"{stage} ({function.__name__})"
     _refuse_stage_function(function)
     return run_isolated(_call, (function, args), lambda kind, payload: None, what)

@@ -98,6 +98,27 @@ def test_a_stage_child_that_dies_is_named_by_its_stage():
     assert "the stand ins (runs_out_of_memory) process was killed by SIGKILL" in str(raised.value)
 
 
+def test_inside_a_task_run_a_dead_child_is_named_by_the_task(monkeypatch):
+    """The function's module is not the stage (functions live below the stages): inside a task
+    run the message names the task a user sees in the run's graph."""
+    from types import SimpleNamespace
+
+    from prefect.context import TaskRunContext
+    from support.stand_ins import runs_out_of_memory
+
+    from compressflow.logs import stage_name
+
+    assert stage_name() is None
+    with TaskRunContext.model_construct(task=SimpleNamespace(name="build held-out text")):
+        assert stage_name() == "build held-out text"
+    # in_child's own logging needs a whole task run; the name is all this test is about
+    monkeypatch.setattr(isolation, "stage_name", lambda: "build held-out text")
+    with pytest.raises(CalibrationError) as raised:
+        in_child(runs_out_of_memory)
+    killed = "the build held-out text (runs_out_of_memory) process was killed by SIGKILL"
+    assert killed in str(raised.value)
+
+
 def test_a_sigkill_points_at_memory():
     error = ended(is_killed)
     assert "killed by SIGKILL (exit code -9)" in error.problem
