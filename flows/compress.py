@@ -40,6 +40,7 @@ from compressflow.reporting.lineage import (
 from compressflow.reporting.tracking import track_flow_run
 from compressflow.results import Calibration, PublishedModel, RenderedRecipe
 from compressflow.runtime.events import emit_published
+from compressflow.runtime.gpus import gpu_slots
 from compressflow.runtime.isolation import warm_up
 from compressflow.runtime.resume import discard
 from compressflow.runtime.stages import Stages, boundary
@@ -133,6 +134,7 @@ def run_stages(args: RunArgs) -> PublishedModel:
         "set verify.vllm to auto (check where possible) or off",
     )
     stages = Stages(timeout_fields={calibrate.name: "calibration.timeout_minutes"})
+    wait_limit = calibration.timeout_minutes * 60 or None  # for a GPU slot, as for calibrating
     resolved = resolve_inputs(stages.run, args)
     target = resolved.target
     # One writer per output: a second run waits here, then reuses what the first published
@@ -143,7 +145,8 @@ def run_stages(args: RunArgs) -> PublishedModel:
         if existing := find_published(target, resolved.key):
             log.info("Reusing %s: it was published from the same model, data and recipe", target)
             if vllm_not_run(existing, verify_args):  # vLLM arrived since: checked now
-                stages.run(verify_reused, existing, resolved.model, verify_args)
+                with gpu_slots(1, wait_limit, "the vLLM check"):
+                    stages.run(verify_reused, existing, resolved.model, verify_args)
             reused = existing.model_copy(update={"stages": stages.records})
             summarize_reused(reused)
             return reused
@@ -167,20 +170,23 @@ def run_stages(args: RunArgs) -> PublishedModel:
             )
 
         try:
-            if mixes(resolved.recipe, args.target):  # a precision per module, chosen first
-                calibrated, chosen, search = mix_precision(
-                    stages.run, resolved, held_out, calibrate_into_staging, measure_perplexity
-                )
-            else:
-                calibrated = calibrate_into_staging(resolved.recipe)
-                chosen, search = resolved.recipe, None
-                if held_out is not None:
-                    calibrated, chosen, search = search_target(
-                        stages.run, resolved, calibrated, held_out, calibrate_into_staging
+            # The run's GPUs, held from its first calibration to the end of verify: the stages
+            # between (perplexity, sensitivity, the reload, vLLM) use them too, and only them.
+            with gpu_slots(calibration.gpus, wait_limit, "calibration and verification"):
+                if mixes(resolved.recipe, args.target):  # a precision per module, chosen first
+                    calibrated, chosen, search = mix_precision(
+                        stages.run, resolved, held_out, calibrate_into_staging, measure_perplexity
                     )
-            verification = stages.run(
-                verify, calibrated, resolved.model, chosen, plan, verify_args, str(target)
-            )
+                else:
+                    calibrated = calibrate_into_staging(resolved.recipe)
+                    chosen, search = resolved.recipe, None
+                    if held_out is not None:
+                        calibrated, chosen, search = search_target(
+                            stages.run, resolved, calibrated, held_out, calibrate_into_staging
+                        )
+                verification = stages.run(
+                    verify, calibrated, resolved.model, chosen, plan, verify_args, str(target)
+                )
             checkpoint, upstream = publish_lineage(
                 resolved.model, resolved.dataset, target, args.recipe.label()
             )

@@ -1,6 +1,6 @@
 """Calibrate: the Prefect face of calibration; the work is compressflow.runtime.calibration's.
 
-The task takes a GPU slot, starts `calibrate_here` in a process of its own (or one rank per GPU),
+The task takes a GPU slot (the one the compress flow holds already, inside it), starts `calibrate_here` in a process of its own (or one rank per GPU),
 drives the progress artifact from its events and reports its per-module metrics.
 """
 
@@ -37,8 +37,8 @@ def calibrate(inputs: Inputs, plan: MemoryPlan, staging_path: str) -> Calibratio
     The task's process keeps the progress artifact, the run log and ClearML; the child holds the
     model, so a timeout or cancellation that ends the task ends the calibration and frees its
     memory (compressflow.runtime.isolation). On a GPU host it first takes a free GPU's slot
-    (`calibration.gpus` slots: compressflow.runtime.gpus) and holds it until the child is gone;
-    with more than one GPU, torchrun starts one rank per GPU (compressflow.runtime.distributed).
+    (`calibration.gpus` slots: compressflow.runtime.gpus; inside the compress flow, the ones the
+    flow holds) and holds it until the child is gone; with more than one GPU, torchrun starts one rank per GPU (compressflow.runtime.distributed).
     """
     calibration = inputs.args.calibration
     progress: list[CalibrationProgress] = []

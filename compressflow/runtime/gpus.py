@@ -2,9 +2,10 @@
 
 Runs that share a GPU host each take a slot from a Prefect global concurrency limit per device
 (`<host>:gpu:0`, `<host>:gpu:1`..., limit 1 each; the host's name keeps hosts sharing one server
-apart) for as long as they calibrate: two runs on a one-GPU host run one after the other, and a
-run on a host with a free GPU takes that one. A host's worker takes one run per GPU
-(`worker_limit`), so the pool spreads runs over the hosts with free GPUs. Detection does not import
+apart) from their first calibration to the end of verify, and their processes see only those
+GPUs: two runs on a one-GPU host run one after the other, and a run on a host with a free GPU
+takes that one. A host's worker takes one run per GPU (`worker_limit`), so the pool spreads runs
+over the hosts with free GPUs. Detection does not import
 torch (the flow's own process stays light): an operator's COMPRESSFLOW_GPU_DEVICES, else
 CUDA_VISIBLE_DEVICES, else `nvidia-smi -L`. A host with none takes no slot, and neither does a
 run whose GPUs a scheduler gave it alone (COMPRESSFLOW_GPU_SLOTS=false: a Kubernetes pod).
@@ -24,6 +25,7 @@ from compressflow.logs import run_logger
 from compressflow.settings import settings
 
 POLL_SECONDS = 2.0  # between rounds of trying every slot while all are busy
+HELD = "COMPRESSFLOW_HELD_GPUS"  # the devices this process holds slots of, while it holds them
 _NVIDIA_SMI_GPU = re.compile(r"^GPU (\d+):", re.M)
 
 
@@ -148,21 +150,50 @@ def _take(stack: ExitStack, device: str) -> bool:
 
 
 @contextmanager
-def gpu_slots(gpus: int, timeout_seconds: float | None) -> Iterator[list[str]]:
+def shown_to_children(held: list[str]) -> Iterator[None]:
+    """While the block runs, this process's children see only `held`: CUDA_VISIBLE_DEVICES in
+    its environment, which every stage's child gets (compressflow.runtime.isolation), and
+    `HELD` for a `gpu_slots` inside the block. A flow process runs one flow run (the process
+    worker starts one per run), so its environment is the run's; the flow process itself never
+    starts CUDA."""
+    before = {name: os.environ.get(name) for name in (HELD, "CUDA_VISIBLE_DEVICES")}
+    os.environ[HELD] = os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(held)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextmanager
+def gpu_slots(
+    gpus: int, timeout_seconds: float | None, purpose: str = "calibration"
+) -> Iterator[list[str]]:
     """Hold `gpus` free devices' slots while the block runs; the devices held (none on a CPU host).
 
     Every device is tried without waiting; when fewer than `gpus` are free, what was taken is
     given back (two runs holding half each would wait for each other) and all are tried again
     every few seconds, for at most `timeout_seconds` (None: no limit). The slots are released
     when the block ends, however it ends; a process that dies loses its lease in 5 minutes.
+    While they are held, every stage's child sees only these devices (`shown_to_children`): a
+    verification or an evaluation never loads onto a GPU another run calibrates on. Inside a
+    block that holds them already (the compress flow holds its GPUs from the first calibration
+    to the end of verify; its calibrate task asks again), the held devices are the answer.
     """
+    if (held := os.environ.get(HELD)) is not None:
+        yield _listed(held)[:gpus]
+        return
     host = devices()
     if not host:
         yield []
         return
     refuse_too_few(gpus, host)
     if not settings().gpu_slots:  # the run's GPUs are its own (a pod's): nothing to share
-        yield host[:gpus]
+        with shown_to_children(host[:gpus]):
+            yield host[:gpus]
         return
     ensure_limits(host)
     log = run_logger(__name__)
@@ -170,18 +201,21 @@ def gpu_slots(gpus: int, timeout_seconds: float | None) -> Iterator[list[str]]:
     deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
     waiting = False
     while True:
-        with ExitStack() as held:
+        with ExitStack() as held_slots:
             chosen: list[str] = []
             for device in _free(host):
-                if len(chosen) < gpus and _take(held, device):
+                if len(chosen) < gpus and _take(held_slots, device):
                     chosen.append(device)
             if len(chosen) == gpus:
                 taken = ", ".join(slot_name(device) for device in chosen)
-                log.info("Calibrating on %s (CUDA_VISIBLE_DEVICES=%s)", taken, ",".join(chosen))
+                log.info(
+                    "Holding %s for %s (CUDA_VISIBLE_DEVICES=%s)", taken, purpose, ",".join(chosen)
+                )
                 try:
-                    yield chosen
+                    with shown_to_children(chosen):
+                        yield chosen
                 finally:
-                    held.close()
+                    held_slots.close()
                     log.info("Released %s", taken)  # after the release: a waiting run may start
                 return
         if not waiting:

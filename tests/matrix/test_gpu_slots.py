@@ -6,11 +6,12 @@ its GPUs (COMPRESSFLOW_GPU_DEVICES=0,1) and names its host (COMPRESSFLOW_GPU_SLO
 real hosts' names would). The session's own gpu worker polls the `gpu` pool, so the runs go to a
 pool of their own, through a copy of the compress deployment as prefect.yaml deployed it (its
 deployment limit included). When a run holds a slot and when it gave it back come from its
-Prefect run log ("Waiting ..." / "Calibrating on ..." / "Released ..."), written by the calibrate
-task; the server's limits say who holds a GPU now. The runs calibrate through a collator of this
-module that holds their first batch until the test has seen all four GPUs held: on two busy
-cores they reach their slots seconds apart, and a tiny calibration is over in seconds. Five tiny
-compress runs, four at once: 80 to 150 s on two cores shared with other work.
+Prefect run log ("Waiting ..." / "Holding ..." / "Released ..."), written by the flow, which
+holds a run's GPUs from its calibration to the end of its verify; the server's limits say who
+holds a GPU now. The runs calibrate through a collator of this module that holds their first
+batch until the test has seen all four GPUs held: on two busy cores they reach their slots
+seconds apart, and a tiny calibration is over in seconds. Five tiny compress runs, four at once:
+80 to 150 s on two cores shared with other work.
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def client(stack_client):
 
 
 def slot_log(client, flow_run_id) -> dict[str, tuple[datetime, str]]:
-    """{"Calibrating"/"Released"/"Waiting": (when, message)} from the run's log."""
+    """{"Holding"/"Released"/"Waiting"/"verify": (when, message)} from the run's log, each
+    word's first line ("verify": the verify stage's first check)."""
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
     logs = client.read_logs(
@@ -62,7 +64,7 @@ def slot_log(client, flow_run_id) -> dict[str, tuple[datetime, str]]:
     found = {}
     for entry in logs:
         word = entry.message.split(" ", 1)[0]
-        if word in ("Calibrating", "Released", "Waiting") and word not in found:
+        if word in ("Holding", "Released", "Waiting", "verify") and word not in found:
             found[word] = (entry.timestamp, entry.message)
     return found
 
@@ -214,10 +216,13 @@ def test_five_runs_of_one_deployment_on_two_hosts_of_two_gpus_calibrate_four_at_
         for prefix in prefixes.values()
         for _ in "01"
     )
-    held = sorted(log["Calibrating"][1].split(" ")[2] for log in four)
+    held = sorted(log["Holding"][1].split(" ")[1] for log in four)
     assert held == sorted(slots), held
     # All four held their GPUs at the same time: the last took its slot before any released.
-    assert max(log["Calibrating"][0] for log in four) < min(log["Released"][0] for log in four)
+    assert max(log["Holding"][0] for log in four) < min(log["Released"][0] for log in four)
+    # Verify ran on the run's own GPU: its checks were logged before the slot went back.
+    assert all(log["verify"][0] < log["Released"][0] for log in logs.values())
+    assert all("for calibration and verification" in log["Holding"][1] for log in logs.values())
     # The fifth calibrated only once one of them had given its GPU back, on the host it freed.
     assert "Waiting" not in logs[fifth.id]
-    assert logs[fifth.id]["Calibrating"][0] >= min(log["Released"][0] for log in four)
+    assert logs[fifth.id]["Holding"][0] >= min(log["Released"][0] for log in four)

@@ -116,6 +116,34 @@ def test_a_run_whose_gpus_are_its_own_takes_them_without_a_slot(monkeypatch):
         assert held == ["0", "1"]
 
 
+def visible_devices() -> str | None:
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def test_while_a_run_holds_gpus_every_child_sees_only_those(monkeypatch):
+    """Verify's reload (device_map="auto"), vLLM (the first visible GPU) and the search's
+    perplexity run in children of their own: held for the run, the GPUs they see are its own,
+    not one another run calibrates on. The calibrate task inside the flow's hold asks again and
+    gets the same devices, without a second slot (one slot of a limit of 1: it would wait on
+    itself)."""
+    from compressflow.runtime.isolation import in_child
+
+    monkeypatch.setenv("COMPRESSFLOW_GPU_DEVICES", "0,1,2")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
+    monkeypatch.setenv(gpus.HELD, "1,2")  # held already: no server is asked
+    with gpus.gpu_slots(2, None) as nested:
+        assert nested == ["1", "2"]
+    monkeypatch.delenv(gpus.HELD)
+    monkeypatch.setenv("COMPRESSFLOW_GPU_SLOTS", "false")  # a pod's GPUs: no server here either
+    with gpus.gpu_slots(2, None) as held:
+        assert held == ["0", "1"]
+        assert in_child(visible_devices) == "0,1"
+        with gpus.gpu_slots(2, None) as again:
+            assert again == held
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1,2" and gpus.HELD not in os.environ
+    assert in_child(visible_devices) == "0,1,2"
+
+
 @pytest.mark.parametrize(("samples", "world"), [(8, 2), (10, 4), (3, 3), (512, 7)])
 def test_each_rank_calibrates_on_its_own_share_of_the_samples(samples, world):
     """llm-compressor reduces the statistics across ranks: the shares cover every sample once,
