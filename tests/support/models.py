@@ -14,10 +14,15 @@ from compressflow.registries.thresholds import FLOOR
 
 HUB_SHA = "0123456789abcdef0123456789abcdef01234567"
 
-# Random weights make no quality claim: the matrices hold their outputs to the floor that refuses
-# broken models, not to the learned-weights limits of each scheme family (the thresholds registry
-# says why); plumbing tests on the tiny model keep the defaults, which its outputs pass.
-RANDOM_WEIGHTS = dict(min_cosine=FLOOR.cosine, max_kl=FLOOR.kl, min_top1=FLOOR.top1)
+# Random weights make no quality claim: the matrices hold their outputs to limits that tell a
+# broken model from an intact one, not to the learned-weights limits of each scheme family (the
+# thresholds registry says why). Not to the floor either: destroyed logits measure cosine
+# 0.30-0.37 and top-1 0-1% (registries/thresholds.py), and an intact random-weight cell sits at
+# the floor itself (olmo2 W4A16: cosine 0.903, top-1 39.5% against 40%, in CI, where another
+# run of the same cell had passed: a different CPU share sums in another order). These limits
+# sit between the two, as the vLLM cells' own (half of vllm_min_top1). Plumbing tests on the
+# tiny model keep the defaults, which its outputs pass.
+RANDOM_WEIGHTS = dict(min_cosine=0.75, max_kl=2 * FLOOR.kl, min_top1=FLOOR.top1 / 2)
 
 # Every architecture the zoo builds, text and vision-language.
 ARCHITECTURE_NAMES = [*ZOO, *VISION_BUILDERS]
