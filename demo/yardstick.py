@@ -54,6 +54,7 @@ from compressflow.reporting import quality
 from compressflow.store.atomic import write_atomic
 
 SPEC_FILE = "yardstick_spec.json"
+BUILDING = ".yardstick-building"  # in the model folder from a build's start to its marker
 MODEL_DIR = "yardstick-llama"
 # What a build writes under its root, and so may write over (an interrupted build's leftovers).
 OURS = {MODEL_DIR, "calibration.jsonl", "held_out.jsonl", LOCK := ".build.lock"}
@@ -242,6 +243,8 @@ def _build(root: Path, spec: YardstickSpec) -> Yardstick:
     # An older build's marker (`_reuse` read it as a build's) stays valid for its own key while
     # this one writes over its files.
     marker.unlink(missing_ok=True)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / BUILDING).touch()  # the folder is ours from here, should this build crash
     wall, cpu = time.perf_counter(), time.process_time()
     threads = torch.get_num_threads()
     torch.set_num_threads(training_threads())
@@ -258,7 +261,6 @@ def _build(root: Path, spec: YardstickSpec) -> Yardstick:
         base_ppl = perplexity(model, tokenizer, held_out, spec.seq_len)
     finally:
         torch.set_num_threads(threads)
-    model_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     _write_jsonl(root / "calibration.jsonl", calibration)
@@ -275,6 +277,7 @@ def _build(root: Path, spec: YardstickSpec) -> Yardstick:
     # Written last, whole or not at all: its presence means the folder is complete.
     text = json.dumps({**_key(spec), "built": built}, indent=1)
     write_atomic(marker, lambda path: path.write_text(text))
+    (model_dir / BUILDING).unlink()
     return Yardstick(model_dir, root / "calibration.jsonl", root / "held_out.jsonl", spec, built)
 
 
@@ -282,6 +285,14 @@ def _reuse(root: Path, spec: YardstickSpec) -> Yardstick | None:
     """The build under `root` when its key is `spec`'s; a marker no build wrote is refused."""
     marker = root / MODEL_DIR / SPEC_FILE
     if not marker.exists():
+        model_dir = marker.parent
+        # Neither a finished build nor a crashed one (BUILDING) wrote it: a build would write its
+        # weights, config and tokenizer over what is there.
+        if model_dir.is_dir() and any(model_dir.iterdir()) and not (model_dir / BUILDING).exists():
+            raise FileExistsError(
+                f"{model_dir} was not written by a yardstick build; give the yardstick an empty "
+                "or new folder"
+            )
         return None
     try:
         recorded = json.loads(marker.read_text())
