@@ -5,10 +5,10 @@ Runs that share a GPU host each take a slot from a Prefect global concurrency li
 apart) from their first calibration to the end of verify, and their processes see only those
 GPUs: two runs on a one-GPU host run one after the other, and a run on a host with a free GPU
 takes that one. A host's worker takes one run per GPU (`worker_limit`), so the pool spreads runs
-over the hosts with free GPUs. Detection does not import
-torch (the flow's own process stays light): an operator's COMPRESSFLOW_GPU_DEVICES, else
-CUDA_VISIBLE_DEVICES, else `nvidia-smi -L`. A host with none takes no slot, and neither does a
-run whose GPUs a scheduler gave it alone (COMPRESSFLOW_GPU_SLOTS=false: a Kubernetes pod).
+over the hosts with free GPUs. Detection does not import torch (the flow's own process stays
+light): an operator's COMPRESSFLOW_GPU_DEVICES, else CUDA_VISIBLE_DEVICES, else `nvidia-smi -L`.
+A host with none takes no slot, and neither does a run whose GPUs a scheduler gave it alone
+(COMPRESSFLOW_GPU_SLOTS=false: a Kubernetes pod).
 """
 
 from __future__ import annotations
