@@ -33,7 +33,7 @@ from pathlib import Path
 
 from compressflow.errors import InputError
 from compressflow.limits import read_json
-from compressflow.model import cpus
+from compressflow.model import compile_cache, cpus
 from compressflow.results import QualityMetrics, ServingCheck
 from compressflow.settings import settings
 
@@ -106,7 +106,10 @@ def kernel_limit(error: str) -> str | None:
     return None
 
 
-def child_environment() -> dict[str, str]:
+def child_environment(work: Path) -> dict[str, str]:
+    """The vLLM child's environment; it compiles (vLLM's sampler does) into a cache in `work`
+    seeded from the kept one (compressflow.model.compile_cache): `keep_compiled(work)` after a
+    child that ended well."""
     env = {name: value for name, value in os.environ.items() if not PRIVATE.match(name.upper())}
     # vLLM in one process (below) binds no threads: its pools read these. A stage's child has set
     # them to its share already (compressflow.model.cpus); elsewhere, the share it would get.
@@ -118,8 +121,16 @@ def child_environment() -> dict[str, str]:
         VLLM_ENABLE_V1_MULTIPROCESSING="0",  # an engine per model in this process: seconds
         VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "1"),  # GiB; ignored on GPUs
         TOKENIZERS_PARALLELISM="false",
+        TORCHINDUCTOR_CACHE_DIR=str(compile_cache.seed(work / COMPILED)),
     )
     return env
+
+
+COMPILED = "compiled"  # the child's compile cache, in its work folder
+
+
+def keep_compiled(work: Path) -> None:
+    compile_cache.keep(work / COMPILED)
 
 
 BASE_SCORES = "vllm-base-scores"  # folder under settings().cache_dir
@@ -226,7 +237,7 @@ def run_child(
         process = subprocess.Popen(
             [str(python), str(CHILD), str(request), str(result)],
             cwd=work,
-            env=child_environment(),
+            env=child_environment(Path(work)),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
@@ -241,6 +252,8 @@ def run_child(
                 f"\nTimeoutError: vLLM did not finish within {timeout:.0f} s "
                 "(COMPRESSFLOW_VLLM_TIMEOUT_SECONDS)"
             )
+        if process.returncode == 0:
+            keep_compiled(Path(work))
         output = json.loads(result.read_text()) if result.exists() else {}
     return output, stderr
 

@@ -41,6 +41,7 @@ from pathlib import Path
 from compressflow.errors import EvaluationError, InputError
 from compressflow.model.serving import (
     child_environment,
+    keep_compiled,
     kv_cache_dtype,
     last_error_lines,
     max_positions,
@@ -432,7 +433,7 @@ def evaluate_in_vllm(
                 }
             )
         )
-        env = child_environment()
+        env = child_environment(Path(work))
         # Users' tasks read their datasets from the hub where the worker may reach it.
         env["HF_HUB_OFFLINE"] = os.environ.get("HF_HUB_OFFLINE", "0")
         process = subprocess.Popen(
@@ -465,6 +466,8 @@ def evaluate_in_vllm(
                 timer.cancel()
         if expired.is_set():
             raise TimeoutError(f"lm-eval's vLLM backend ran past {timeout:.0f} s")
+        if process.returncode == 0:
+            keep_compiled(Path(work))
         found = json.loads(result.read_text()) if result.exists() else None
     if found is None:
         raise EvaluationError(

@@ -37,6 +37,7 @@ from compressflow.data.vision import collate_one
 from compressflow.errors import CalibrationError, first_line
 from compressflow.inputs import Inputs
 from compressflow.logs import run_logger
+from compressflow.model import compile_cache
 from compressflow.model.loading import load_complete
 from compressflow.model.memory import load_offloaded
 from compressflow.model.tracing import trace_config
@@ -293,10 +294,11 @@ def calibrate_here(
     A model-free plan quantizes the checkpoint shard by shard instead (`calibrate_model_free`).
     `events("progress", (per_pass, passes))` and `events("subgraph")` report progress.
     """
-    # The run compiles into a cache of its own (compile_cache_path says why); importing
-    # llm-compressor already set the shared default here, so it is replaced, not defaulted.
-    # This process is the run's alone.
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compile_cache_path(Path(staging_path)))
+    # The run compiles into a cache of its own, seeded from the kept one (compile_cache says
+    # why); importing llm-compressor already set the shared default here, so it is replaced,
+    # not defaulted. This process is the run's alone.
+    compiled = compile_cache.seed(compile_cache_path(Path(staging_path)))
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compiled)
     model, dataset, recipe, args = inputs.model, inputs.dataset, inputs.recipe, inputs.args.recipe
     verify, data_collator = inputs.args.verify, inputs.args.dataset.data_collator
     save_compressed = inputs.args.output.save_compressed
@@ -411,6 +413,7 @@ def calibrate_here(
         reference_path=str(reference),
         resumed_from=checkpoint.resumed_from if checkpoint else None,
     )
+    compile_cache.keep(compiled)
     return result
 
 

@@ -14,8 +14,10 @@ import shutil
 
 import pytest
 from support.models import cpu_has
+from support.processes import host_compile_cache
 
 from compressflow.errors import InputError
+from compressflow.model import compile_cache
 from compressflow.params import VerifyArgs
 from compressflow.results import ServingCheck
 
@@ -62,8 +64,13 @@ def test_an_output_published_without_vllm_is_served_once_vllm_is_there(
         **w4a16_run.params,
         "output": w4a16_run.params["output"].model_copy(update={"save_directory": str(folder)}),
     }
+    host_cache = host_compile_cache()
     again = compress(**params)
 
+    # vLLM compiled (its sampler does) in a cache of its own, kept once it ended well; never in
+    # the host's shared one, where a killed check would have left a truncated library.
+    assert host_compile_cache() == host_cache
+    assert list(compile_cache.kept_cache().rglob("*.so"))
     assert again.reused and [s.name for s in again.stages][-1] == "verify"
     manifest = json.loads((folder / "manifest.json").read_text())
     served = ServingCheck.model_validate(manifest["verification"]["vllm"])

@@ -9,9 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.processes import host_compile_cache
 from support.reload_check import assert_published_model_matches_base
 
 from compressflow.errors import CompressflowError
+from compressflow.model import compile_cache
 from compressflow.params import RecipeArgs
 
 
@@ -21,16 +23,7 @@ def test_auto_round_with_many_samples_publishes_a_verified_model(tiny_model, tmp
     from compressflow.params import DatasetArgs, ModelArgs, OutputArgs
     from compressflow.store.manifest import read_manifest
 
-    def shared_compile_cache() -> list[str]:
-        """The compiled code in torch's host-wide cache (its precompiled headers, fixed at
-        import, are left out: torch offers no per-run place for them)."""
-        from compressflow import compat
-
-        folder = Path(compat.shared_compile_cache_dir())
-        found = folder.rglob("*") if folder.exists() else []
-        return sorted(str(p) for p in found if "precompiled_headers" not in p.parts)
-
-    before = shared_compile_cache()
+    before = host_compile_cache()
     try:
         published = compress(
             model=ModelArgs(model_id=str(tiny_model)),
@@ -49,5 +42,7 @@ def test_auto_round_with_many_samples_publishes_a_verified_model(tiny_model, tmp
     assert manifest.memory_plan.batch_size == 1
     # AutoRound compiled into the run's own cache, which went with the run: a run killed while
     # compiling can no longer leave the host's shared cache broken for every later run.
-    assert shared_compile_cache() == before
+    assert host_compile_cache() == before
+    # What it compiled is kept for the next run: whole files of a run that ended well.
+    assert list(compile_cache.kept_cache().rglob("*.so"))
     assert [p.name for p in tmp_path.iterdir()] == ["out"]

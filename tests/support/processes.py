@@ -91,3 +91,14 @@ def dead_pid() -> int:
     process = subprocess.Popen([sys.executable, "-c", "pass"])
     process.wait()
     return process.pid
+
+
+def host_compile_cache() -> list[str]:
+    """The compiled code in torch's host-wide cache, which a run must leave alone
+    (compressflow.model.compile_cache); precompiled headers, whose folder a process that set
+    its own cache after importing torch cannot move, are left out."""
+    from compressflow import compat
+
+    folder = Path(compat.shared_compile_cache_dir())
+    found = folder.rglob("*") if folder.exists() else []
+    return sorted(str(p) for p in found if "precompiled_headers" not in p.parts)

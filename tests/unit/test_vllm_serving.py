@@ -85,14 +85,16 @@ def test_scores_are_perplexity_and_top1_of_the_actual_tokens():
     assert m.top1_agreement == pytest.approx(2 / 3)
 
 
-def test_the_child_gets_no_secrets_and_runs_the_engine_in_process(monkeypatch):
+def test_the_child_gets_no_secrets_and_runs_the_engine_in_process(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_TOKEN", "hf_s3cr3t")
     monkeypatch.setenv("CLEARML_API_SECRET_KEY", "s3cr3t")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t")
     monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
-    env = serving.child_environment()
+    env = serving.child_environment(tmp_path)
     assert "s3cr3t" not in json.dumps(env) and "PYTHONPATH" not in env
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and env["HF_HUB_OFFLINE"] == "1"
+    # It compiles (vLLM's sampler does) in its own folder, never in the host's shared cache.
+    assert Path(env["TORCHINDUCTOR_CACHE_DIR"]).parent == tmp_path
 
 
 def test_the_vllm_environment_is_a_setting(tmp_path, monkeypatch):

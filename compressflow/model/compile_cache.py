@@ -1,0 +1,104 @@
+"""torch.compile caches our processes can use without trusting one another's.
+
+torch compiles into one folder per host by default (`/tmp/torchinductor_<user>`), shared by
+every process there; one killed while it compiles leaves a truncated library that fails every
+later compile on the host. So a process of ours that compiles (vLLM's sampler in a serving
+check, AutoRound in a calibration) gets a folder of its own (TORCHINDUCTOR_CACHE_DIR), seeded
+from compressflow's kept cache, and only a process that ended well has its new files merged back,
+each copied whole and then renamed: the kept cache holds whole files of finished processes, and
+a seeded process starts warm (a tiny model's vLLM check: 18 s, against 30 s with an empty cache).
+
+A file missing from the kept cache is only a cache miss (torch compiles it again), so the cache
+is trimmed oldest first past KEPT_BYTES.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+from compressflow.settings import cache_root
+
+FOLDER = "torch-compile"  # under settings().cache_dir
+KEPT_BYTES = 512 << 20
+# torch's lock files: empty, and held by whichever process compiles.
+SKIPPED = {"locks"}
+PARTIAL = ".partial"  # a file being merged; one a killed merge left is removed after an hour
+
+
+def kept_cache() -> Path:
+    return cache_root() / FOLDER
+
+
+def _files(folder: Path) -> dict[Path, os.stat_result]:
+    """Every file under `folder` but the locks, by relative path (none when it is missing)."""
+    found = {}
+    for path in folder.rglob("*") if folder.is_dir() else ():
+        relative = path.relative_to(folder)
+        if relative.parts[0] not in SKIPPED and path.is_file():
+            try:
+                found[relative] = path.stat()
+            except FileNotFoundError:  # trimmed meanwhile by another process
+                continue
+    return found
+
+
+def seed(private: Path) -> Path:
+    """Copy the kept cache into `private` and return it; what it has already is left as it is
+    (the ranks of one calibration seed one folder). Nothing is copied when the kept cache is
+    missing or cannot be read: the process then compiles from scratch."""
+    private.mkdir(parents=True, exist_ok=True)
+    kept = kept_cache()
+    try:
+        for relative in _files(kept):
+            if not relative.name.endswith(PARTIAL) and not (private / relative).exists():
+                _copy_whole(kept / relative, private / relative)
+    except OSError as exc:
+        logging.getLogger(__name__).warning("Compiling without the kept cache %s: %s", kept, exc)
+    return private
+
+
+def _copy_whole(source: Path, target: Path) -> None:
+    """Copy beside `target`, then rename over it: a reader never sees half of the file. A
+    source removed meanwhile (trimmed by another process) is a cache miss, not an error."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{target.name}.{os.getpid()}{PARTIAL}")
+    try:
+        shutil.copy(source, partial)  # mode (a library runs) and a fresh mtime
+    except FileNotFoundError:
+        return
+    os.replace(partial, target)
+
+
+def keep(private: Path) -> None:
+    """Merge what a process that ended well compiled into `private` back into the kept cache.
+
+    Called only then: a killed process's files may be truncated. Each new file is copied beside
+    its place and renamed over it, so a reader never sees half of one.
+    """
+    kept = kept_cache()
+    try:
+        present = _files(kept)
+        for relative, stat in _files(private).items():
+            known = relative in present and present[relative].st_size == stat.st_size
+            if known or relative.name.endswith(PARTIAL):
+                continue
+            _copy_whole(private / relative, kept / relative)
+        trim(kept)
+    except OSError as exc:  # a cache not kept costs the next process its compile, not this run
+        logging.getLogger(__name__).warning("Could not keep compiled code in %s: %s", kept, exc)
+
+
+def trim(kept: Path) -> None:
+    """Remove the oldest files until the kept cache holds at most KEPT_BYTES, and what killed
+    merges left."""
+    files = sorted(_files(kept).items(), key=lambda item: item[1].st_mtime, reverse=True)
+    total, hour_ago = 0, time.time() - 3600
+    for relative, stat in files:
+        total += stat.st_size
+        stale = relative.name.endswith(PARTIAL) and stat.st_mtime < hour_ago
+        if total > KEPT_BYTES or stale:
+            (kept / relative).unlink(missing_ok=True)

@@ -1,0 +1,95 @@
+"""A process of ours compiles in a cache of its own, seeded from the kept one, and only one that
+ended well adds to the kept cache (compressflow.model.compile_cache).
+
+A vLLM child stands in here as a small Python script run by `serving.run_child`, the real
+boundary: it writes a "compiled" file into TORCHINDUCTOR_CACHE_DIR and then ends well, or is
+killed mid-write. The matrix's AutoRound run checks that real compiles leave the host's cache
+alone (tests/matrix/test_auto_round.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+from compressflow.model import compile_cache, serving
+
+CHILD = """
+import json, os, signal, sys
+name = os.path.basename(sys.argv[0])
+folder = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+compiled = os.path.join(folder, "ab")
+seen = sorted(os.listdir(compiled)) if os.path.isdir(compiled) else []
+os.makedirs(compiled, exist_ok=True)
+os.makedirs(os.path.join(folder, "locks"), exist_ok=True)
+open(os.path.join(folder, "locks", "cab.lock"), "w").close()
+with open(os.path.join(compiled, name.split("-")[-1] + ".so"), "wb") as out:
+    out.write(b"x" * 1000)
+    if "killed" in name:
+        out.flush()
+        os.kill(os.getpid(), signal.SIGKILL)  # what a timeout or the OOM killer does mid-write
+with open(sys.argv[2], "w") as result:
+    json.dump({"seen": seen}, result)
+"""
+
+
+@pytest.fixture()
+def child(tmp_path, monkeypatch, cache_in_tmp_path):
+    """Run a stand-in child named `name` (it writes `ab/<last part of name>.so`)."""
+
+    def run(name: str) -> dict:
+        script = tmp_path / name
+        script.write_text(CHILD)
+        monkeypatch.setattr(serving, "CHILD", script)
+        output, _ = serving.run_child({}, False, sys.executable, timeout=60)
+        return output
+
+    return run
+
+
+def test_a_child_that_ended_well_keeps_what_it_compiled_for_the_next(child):
+    assert child("child-first") == {"seen": []}
+    kept = compile_cache.kept_cache()
+    assert sorted(p.name for p in (kept / "ab").iterdir()) == ["first.so"]
+    assert not (kept / "locks").exists()  # torch's lock files stay with their process
+    assert child("child-second") == {"seen": ["first.so"]}  # it started warm
+    assert sorted(p.name for p in (kept / "ab").iterdir()) == ["first.so", "second.so"]
+
+
+def test_a_killed_child_adds_nothing_to_the_kept_cache(child):
+    assert child("child-first") == {"seen": []}
+    assert child("child-killed-truncated") == {}
+    kept = compile_cache.kept_cache()
+    assert sorted(p.name for p in (kept / "ab").iterdir()) == ["first.so"]
+
+
+def test_the_kept_cache_drops_its_oldest_files_past_its_size(
+    tmp_path, cache_in_tmp_path, monkeypatch
+):
+    private = compile_cache.seed(tmp_path / "private")
+    (private / "ab").mkdir()
+    for name in ["new", "middle", "old"]:
+        (private / "ab" / f"{name}.so").write_bytes(b"x" * 1000)
+    compile_cache.keep(private)
+    kept = compile_cache.kept_cache() / "ab"
+    for age, name in enumerate(["new", "middle", "old"]):
+        os.utime(kept / f"{name}.so", (time.time() - 100 * age,) * 2)
+    monkeypatch.setattr(compile_cache, "KEPT_BYTES", 2500)
+    compile_cache.trim(compile_cache.kept_cache())
+    assert sorted(p.name for p in kept.iterdir()) == ["middle.so", "new.so"]
+
+
+def test_a_kept_cache_that_cannot_be_written_costs_a_warning_not_the_run(
+    tmp_path, monkeypatch, caplog
+):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")  # the cache dir is a file: nothing can be made under it
+    monkeypatch.setenv("COMPRESSFLOW_CACHE_DIR", str(blocked))
+    private = compile_cache.seed(tmp_path / "private")
+    (private / "ab").mkdir()
+    (private / "ab" / "lib.so").write_bytes(b"x")
+    compile_cache.keep(private)
+    assert "Could not keep compiled code" in caplog.text
