@@ -28,6 +28,11 @@ class Settings(BaseSettings):
     cache_dir: Path = Field(
         default=Path("~/.cache/compressflow"), description="Where built datasets are kept."
     )
+    compile_cache_dir: Path | None = Field(
+        default=None,
+        description="Where code torch compiled for a run that ended well is kept for the next "
+        "(compressflow.model.compile_cache); unset: <cache_dir>/torch-compile.",
+    )
     lock_timeout_seconds: float = Field(
         default=6 * 3600, gt=0, description="How long a run waits for another writer of its output."
     )

@@ -20,9 +20,9 @@ import shutil
 import time
 from pathlib import Path
 
-from compressflow.settings import cache_root
+from compressflow.settings import cache_root, settings
 
-FOLDER = "torch-compile"  # under settings().cache_dir
+FOLDER = "torch-compile"  # under settings().cache_dir, unless compile_cache_dir is set
 KEPT_BYTES = 512 << 20
 # torch's lock files: empty, and held by whichever process compiles.
 SKIPPED = {"locks"}
@@ -30,7 +30,9 @@ PARTIAL = ".partial"  # a file being merged; one a killed merge left is removed 
 
 
 def kept_cache() -> Path:
-    return cache_root() / FOLDER
+    """$COMPRESSFLOW_COMPILE_CACHE_DIR, else the cache dir's `torch-compile/`."""
+    configured = settings().compile_cache_dir
+    return configured.expanduser() if configured else cache_root() / FOLDER
 
 
 def _files(folder: Path) -> dict[Path, os.stat_result]:

@@ -37,7 +37,14 @@ with open(sys.argv[2], "w") as result:
 
 
 @pytest.fixture()
-def child(tmp_path, monkeypatch, cache_in_tmp_path):
+def kept(tmp_path, monkeypatch):
+    """The kept cache in this test's folder, not the session's shared one."""
+    monkeypatch.setenv("COMPRESSFLOW_COMPILE_CACHE_DIR", str(tmp_path / "kept"))
+    return tmp_path / "kept"
+
+
+@pytest.fixture()
+def child(tmp_path, monkeypatch, kept):
     """Run a stand-in child named `name` (it writes `ab/<last part of name>.so`)."""
 
     def run(name: str) -> dict:
@@ -66,9 +73,7 @@ def test_a_killed_child_adds_nothing_to_the_kept_cache(child):
     assert sorted(p.name for p in (kept / "ab").iterdir()) == ["first.so"]
 
 
-def test_the_kept_cache_drops_its_oldest_files_past_its_size(
-    tmp_path, cache_in_tmp_path, monkeypatch
-):
+def test_the_kept_cache_drops_its_oldest_files_past_its_size(tmp_path, kept, monkeypatch):
     private = compile_cache.seed(tmp_path / "private")
     (private / "ab").mkdir()
     for name in ["new", "middle", "old"]:
@@ -87,9 +92,15 @@ def test_a_kept_cache_that_cannot_be_written_costs_a_warning_not_the_run(
 ):
     blocked = tmp_path / "a-file"
     blocked.write_text("")  # the cache dir is a file: nothing can be made under it
-    monkeypatch.setenv("COMPRESSFLOW_CACHE_DIR", str(blocked))
+    monkeypatch.setenv("COMPRESSFLOW_COMPILE_CACHE_DIR", str(blocked / "kept"))
     private = compile_cache.seed(tmp_path / "private")
     (private / "ab").mkdir()
     (private / "ab" / "lib.so").write_bytes(b"x")
     compile_cache.keep(private)
     assert "Could not keep compiled code" in caplog.text
+
+
+def test_the_kept_cache_defaults_to_the_cache_dir(tmp_path, monkeypatch):
+    monkeypatch.delenv("COMPRESSFLOW_COMPILE_CACHE_DIR", raising=False)
+    monkeypatch.setenv("COMPRESSFLOW_CACHE_DIR", str(tmp_path))
+    assert compile_cache.kept_cache() == tmp_path / "torch-compile"
