@@ -9,7 +9,9 @@ each copied whole and then renamed: the kept cache holds whole files of finished
 a seeded process starts warm (a tiny model's vLLM check: 18 s, against 30 s with an empty cache).
 
 A file missing from the kept cache is only a cache miss (torch compiles it again), so the cache
-is trimmed oldest first past KEPT_BYTES.
+is trimmed oldest first past KEPT_BYTES. Trimming removes files, so it works only in a folder
+this module made (its MARK file), and never through a link: a COMPRESSFLOW_COMPILE_CACHE_DIR
+pointed at a folder of the user's is left alone, with a warning.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ KEPT_BYTES = 512 << 20
 # torch's lock files: empty, and held by whichever process compiles.
 SKIPPED = {"locks"}
 PARTIAL = ".partial"  # a file being merged; one a killed merge left is removed after an hour
+MARK = ".compressflow-compile-cache"  # in a kept cache this module made
 
 
 def kept_cache() -> Path:
@@ -36,16 +39,32 @@ def kept_cache() -> Path:
 
 
 def _files(folder: Path) -> dict[Path, os.stat_result]:
-    """Every file under `folder` but the locks, by relative path (none when it is missing)."""
+    """Every file under `folder` but the locks and the mark, by relative path (none when it is
+    missing); links, and what lies behind them, are not listed."""
     found = {}
-    for path in folder.rglob("*") if folder.is_dir() else ():
-        relative = path.relative_to(folder)
-        if relative.parts[0] not in SKIPPED and path.is_file():
+    for parent, folders, names in os.walk(folder):  # walk does not follow links to folders
+        here = Path(parent)
+        folders[:] = [name for name in folders if here != folder or name not in SKIPPED]
+        for name in names:
+            path = here / name
+            if path == folder / MARK or path.is_symlink():
+                continue
             try:
-                found[relative] = path.stat()
+                found[path.relative_to(folder)] = path.stat()
             except FileNotFoundError:  # trimmed meanwhile by another process
                 continue
     return found
+
+
+def _ours(kept: Path) -> bool:
+    """Whether `kept` is a kept cache this module made; a missing or empty folder becomes one."""
+    if (kept / MARK).is_file():
+        return True
+    if kept.is_symlink() or (kept.exists() and (not kept.is_dir() or any(kept.iterdir()))):
+        return False
+    kept.mkdir(parents=True, exist_ok=True)
+    (kept / MARK).touch()
+    return True
 
 
 def seed(private: Path) -> Path:
@@ -55,7 +74,7 @@ def seed(private: Path) -> Path:
     private.mkdir(parents=True, exist_ok=True)
     kept = kept_cache()
     try:
-        for relative in _files(kept):
+        for relative in _files(kept) if (kept / MARK).is_file() else ():
             if not relative.name.endswith(PARTIAL) and not (private / relative).exists():
                 _copy_whole(kept / relative, private / relative)
     except OSError as exc:
@@ -83,6 +102,14 @@ def keep(private: Path) -> None:
     """
     kept = kept_cache()
     try:
+        if not _ours(kept):
+            logging.getLogger(__name__).warning(
+                "Not keeping compiled code in %s: it holds files compressflow did not write, and "
+                "keeping trims the oldest; point COMPRESSFLOW_COMPILE_CACHE_DIR at an empty or "
+                "new folder",
+                kept,
+            )
+            return
         present = _files(kept)
         for relative, stat in _files(private).items():
             known = relative in present and present[relative].st_size == stat.st_size

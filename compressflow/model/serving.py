@@ -106,6 +106,9 @@ def kernel_limit(error: str) -> str | None:
     return None
 
 
+COMPILED = "compiled"  # the child's compile cache, in its work folder
+
+
 def child_environment(work: Path) -> dict[str, str]:
     """The vLLM child's environment; it compiles (vLLM's sampler does) into a cache in `work`
     seeded from the kept one (compressflow.model.compile_cache): `keep_compiled(work)` after a
@@ -124,9 +127,6 @@ def child_environment(work: Path) -> dict[str, str]:
         TORCHINDUCTOR_CACHE_DIR=str(compile_cache.seed(work / COMPILED)),
     )
     return env
-
-
-COMPILED = "compiled"  # the child's compile cache, in its work folder
 
 
 def keep_compiled(work: Path) -> None:

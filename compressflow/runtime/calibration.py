@@ -294,16 +294,17 @@ def calibrate_here(
     A model-free plan quantizes the checkpoint shard by shard instead (`calibrate_model_free`).
     `events("progress", (per_pass, passes))` and `events("subgraph")` report progress.
     """
-    # The run compiles into a cache of its own, seeded from the kept one (compile_cache says
-    # why); importing llm-compressor already set the shared default here, so it is replaced,
-    # not defaulted. This process is the run's alone.
-    compiled = compile_cache.seed(compile_cache_path(Path(staging_path)))
+    # The run compiles into a cache of its own (compile_cache says why); importing
+    # llm-compressor already set the shared default here, so it is replaced, not defaulted.
+    # This process is the run's alone.
+    compiled = compile_cache_path(Path(staging_path))
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(compiled)
     model, dataset, recipe, args = inputs.model, inputs.dataset, inputs.recipe, inputs.args.recipe
     verify, data_collator = inputs.args.verify, inputs.args.dataset.data_collator
     save_compressed = inputs.args.output.save_compressed
     if plan.path == "model_free":
         return calibrate_model_free(model, plan, staging_path)
+    compile_cache.seed(compiled)  # oneshot may compile (AutoRound does); model_free_ptq does not
     import torch
     from datasets import load_from_disk
     from llmcompressor import oneshot

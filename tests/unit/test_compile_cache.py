@@ -104,3 +104,38 @@ def test_the_kept_cache_defaults_to_the_cache_dir(tmp_path, monkeypatch):
     monkeypatch.delenv("COMPRESSFLOW_COMPILE_CACHE_DIR", raising=False)
     monkeypatch.setenv("COMPRESSFLOW_CACHE_DIR", str(tmp_path))
     assert compile_cache.kept_cache() == tmp_path / "torch-compile"
+
+
+def test_a_folder_of_the_users_is_never_trimmed_nor_written(tmp_path, monkeypatch, caplog):
+    """COMPRESSFLOW_COMPILE_CACHE_DIR pointed at a folder that holds the user's files: keeping
+    trims the oldest files, so nothing is kept there and nothing of theirs is touched."""
+    users = tmp_path / "users-folder"
+    (users / "ab").mkdir(parents=True)
+    (users / "ab" / "weights.safetensors").write_bytes(b"w" * 3000)
+    monkeypatch.setenv("COMPRESSFLOW_COMPILE_CACHE_DIR", str(users))
+    monkeypatch.setattr(compile_cache, "KEPT_BYTES", 10)
+    private = compile_cache.seed(tmp_path / "private")
+    assert not list(private.iterdir())  # nothing of theirs copied in either
+    (private / "ab").mkdir()
+    (private / "ab" / "lib.so").write_bytes(b"x" * 100)
+    compile_cache.keep(private)
+    assert sorted(p.name for p in users.rglob("*")) == ["ab", "weights.safetensors"]
+    assert "holds files compressflow did not write" in caplog.text
+    assert "COMPRESSFLOW_COMPILE_CACHE_DIR" in caplog.text
+
+
+def test_trimming_never_follows_a_link_out_of_the_kept_cache(tmp_path, kept, monkeypatch):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "old.bin").write_bytes(b"o" * 3000)
+    os.utime(outside / "old.bin", (0, 0))  # the oldest file there is: first to go, if reached
+    private = compile_cache.seed(tmp_path / "private")
+    (private / "ab").mkdir()
+    (private / "ab" / "lib.so").write_bytes(b"x" * 100)
+    compile_cache.keep(private)
+    (kept / "linked").symlink_to(outside, target_is_directory=True)
+    (kept / "old.so").symlink_to(outside / "old.bin")
+    monkeypatch.setattr(compile_cache, "KEPT_BYTES", 10)
+    compile_cache.keep(private)
+    assert (outside / "old.bin").read_bytes() == b"o" * 3000
+    assert (kept / "linked").is_symlink() and (kept / "old.so").is_symlink()
