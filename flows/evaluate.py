@@ -113,15 +113,15 @@ def lm_eval_scores(
     held_out: HeldOutText,
 ) -> dict[str, LmEvalScores]:
     """lm-eval's tasks on the base model, then on the compressed one, both with one backend:
-    vLLM where its environment holds lm-eval, transformers otherwise or where vLLM fails on
-    either; {} when no task was asked for."""
+    vLLM where its environment holds lm-eval and can score the output in time, transformers
+    otherwise or where vLLM fails on either; {} when no task was asked for."""
     if not args.tasks:
         return {}
     timed = run_lm_eval.with_options(timeout_seconds=args.timeout_minutes * 60 or None)
     models = (("base", base.path), ("compressed", str(compressed_path)))
     with tempfile.TemporaryDirectory(prefix="compressflow-lm-eval-") as folder:
         include_path = write_own_tasks(args, Path(folder), base, held_out)
-        if lm_eval_backend() == "vllm":
+        if lm_eval_backend(compressed_path, held_out, args.timeout_minutes) == "vllm":
             try:
                 return {
                     which: stages.run(timed, which, path, base, args, include_path, "vllm")

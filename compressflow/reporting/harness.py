@@ -39,16 +39,19 @@ from collections import deque
 from pathlib import Path
 
 from compressflow.errors import EvaluationError, InputError
+from compressflow.logs import run_logger
 from compressflow.model.serving import (
     child_environment,
     keep_compiled,
     kv_cache_dtype,
     last_error_lines,
     max_positions,
+    too_slow_reason,
     vllm_python,
 )
 from compressflow.reporting.quality import load_causal_lm
-from compressflow.results import FetchedModel, LmEvalScores
+from compressflow.results import FetchedModel, HeldOutText, LmEvalScores
+from compressflow.settings import settings
 
 PERPLEXITY_TASK = "compressflow_code_perplexity"
 NEXT_LINE_TASK = "compressflow_next_line"
@@ -390,10 +393,19 @@ def vllm_has_lm_eval(python: Path) -> bool:
         return False
 
 
-def backend() -> str:
-    """'vllm' where the worker's vLLM environment holds lm-eval, else 'hf' (transformers)."""
+def backend(compressed: Path, held_out: HeldOutText, timeout_minutes: float) -> str:
+    """'vllm' where the worker's vLLM environment holds lm-eval and can score the `compressed`
+    checkpoint's held-out tokens within lm-eval's time limit (or, with none, vLLM's check's), as
+    far as is known before it starts (serving.too_slow_reason); else 'hf' (transformers)."""
     python = vllm_python()
-    return "vllm" if python is not None and vllm_has_lm_eval(python) else "hf"
+    if python is None or not vllm_has_lm_eval(python):
+        return "hf"
+    budget = timeout_minutes * 60 or settings().vllm_timeout_seconds
+    tokens = sum(map(len, held_out.input_ids))  # our tasks score each at least once
+    if slow := too_slow_reason(compressed, tokens, budget, python):
+        run_logger(__name__).warning("lm-eval runs on transformers: %s", slow)
+        return "hf"
+    return "vllm"
 
 
 def evaluate_in_vllm(

