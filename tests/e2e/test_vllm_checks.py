@@ -14,10 +14,9 @@ import shutil
 
 import pytest
 from support.models import cpu_has
-from support.processes import host_compile_cache
+from support.processes import assert_compiled_code_kept, host_compile_cache, kept_compiled
 
 from compressflow.errors import InputError
-from compressflow.model import compile_cache
 from compressflow.params import VerifyArgs
 from compressflow.results import ServingCheck
 
@@ -65,12 +64,13 @@ def test_an_output_published_without_vllm_is_served_once_vllm_is_there(
         "output": w4a16_run.params["output"].model_copy(update={"save_directory": str(folder)}),
     }
     host_cache = host_compile_cache()
+    kept = kept_compiled()
     again = compress(**params)
 
     # vLLM compiled (its sampler does) in a cache of its own, kept once it ended well; never in
     # the host's shared one, where a killed check would have left a truncated library.
     assert host_compile_cache() == host_cache
-    assert list(compile_cache.kept_cache().rglob("*.so"))
+    assert_compiled_code_kept(kept)
     assert again.reused and [s.name for s in again.stages][-1] == "verify"
     manifest = json.loads((folder / "manifest.json").read_text())
     served = ServingCheck.model_validate(manifest["verification"]["vllm"])

@@ -9,11 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support.processes import host_compile_cache
+from support.processes import assert_compiled_code_kept, host_compile_cache, kept_compiled
 from support.reload_check import assert_published_model_matches_base
 
 from compressflow.errors import CompressflowError
-from compressflow.model import compile_cache
 from compressflow.params import RecipeArgs
 
 
@@ -24,6 +23,7 @@ def test_auto_round_with_many_samples_publishes_a_verified_model(tiny_model, tmp
     from compressflow.store.manifest import read_manifest
 
     before = host_compile_cache()
+    kept = kept_compiled()
     try:
         published = compress(
             model=ModelArgs(model_id=str(tiny_model)),
@@ -44,5 +44,5 @@ def test_auto_round_with_many_samples_publishes_a_verified_model(tiny_model, tmp
     # compiling can no longer leave the host's shared cache broken for every later run.
     assert host_compile_cache() == before
     # What it compiled is kept for the next run: whole files of a run that ended well.
-    assert list(compile_cache.kept_cache().rglob("*.so"))
+    assert_compiled_code_kept(kept)
     assert [p.name for p in tmp_path.iterdir()] == ["out"]

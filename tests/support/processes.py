@@ -102,3 +102,19 @@ def host_compile_cache() -> list[str]:
     folder = Path(compat.shared_compile_cache_dir())
     found = folder.rglob("*") if folder.exists() else []
     return sorted(str(p) for p in found if "precompiled_headers" not in p.parts)
+
+
+def kept_compiled() -> set[str]:
+    """The compiled libraries in the kept compile cache (compressflow.model.compile_cache)."""
+    from compressflow.model import compile_cache
+
+    return {str(p) for p in compile_cache.kept_cache().rglob("*.so")}
+
+
+def assert_compiled_code_kept(before: set[str]) -> None:
+    """A run that compiled and ended well lost nothing from the kept cache and, when the cache
+    started empty (a fresh clone: CI), added its libraries. From a warm cache it compiles
+    nothing new (every kernel is a hit), so only the first half can be checked there."""
+    after = kept_compiled()
+    assert before <= after, f"the kept cache lost {sorted(before - after)}"
+    assert after, "nothing compiled was kept"
