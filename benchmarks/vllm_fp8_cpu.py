@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -78,7 +79,7 @@ def fp8_output(root: Path) -> Path:
         )
     for file in base.iterdir():  # config, tokenizer: what vLLM loads beside the weights
         if file.is_file() and not (output / file.name).exists():
-            (output / file.name).write_bytes(file.read_bytes())
+            shutil.copyfile(file, output / file.name)  # both folders made above, under root
     return output
 
 
@@ -94,7 +95,11 @@ def main() -> None:
     if python is None:
         print("skipped: no vLLM environment (make vllm-env)")
         return
+    if args.workdir and args.workdir.exists() and any(args.workdir.iterdir()):
+        # It writes a model, an output and a compile cache there: never over a user's files.
+        parser.error(f"--workdir {args.workdir} is not empty: name a new or empty folder")
     root = args.workdir or Path(tempfile.mkdtemp(prefix="vllm-fp8-"))
+    root.mkdir(parents=True, exist_ok=True)
     env = serving.child_environment(root)
     rate(python, env)
     output = fp8_output(root)
