@@ -6,11 +6,19 @@ the flow lets them through unchanged so the Prefect UI shows the message as writ
 
 from __future__ import annotations
 
+import difflib
+
 
 def first_line(exc: BaseException) -> str:
     """`Type: first non-empty line` of an exception (some start with a source dump)."""
     first = next((line for line in str(exc).splitlines() if line.strip()), "")
     return f"{type(exc).__name__}: {first[:300].rstrip('.')}"
+
+
+def closest(word: str, choices: list[str], cutoff: float = 0.5) -> str:
+    """A "did you mean ...? " hint for a misspelt name, or "" when nothing is close."""
+    close = difflib.get_close_matches(word, choices, n=3, cutoff=cutoff)
+    return f"did you mean {' or '.join(close)}? " if close else ""
 
 
 class CompressflowError(Exception):
@@ -28,6 +36,11 @@ class CompressflowError(Exception):
     def __reduce__(self):
         # Raised in the calibration process, re-raised in the task's: pickle what __init__ takes.
         return (type(self), (self.field, self.problem, self.fix))
+
+
+class SettingsError(CompressflowError, ValueError):
+    """A `COMPRESSFLOW_*` variable of the worker's environment is wrong: the worker's set-up, not
+    the run's parameters, is at fault (compressflow.settings)."""
 
 
 class InputError(CompressflowError, ValueError):

@@ -3,15 +3,31 @@
 Settings describe the worker, not a run: where outputs and caches go, how long to wait for
 another writer, which modules user code may be imported from. They are read when used (not at
 import), so a deployment's `job_variables.env` or a test's environment takes effect.
+
+A worker's environment is an input like any parameter, typed by hand into a work pool's job
+variables or a shell: `settings()` turns a value its field refuses into a SettingsError naming the
+variable, and `check_settings` (the first of a run's checks) also refuses a COMPRESSFLOW_ name no
+setting has, a misspelt one as a rule, and a cache folder no run could write. An empty folder
+setting means unset, as `VAR=` does in a shell or a pod spec: not the current folder.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import socket
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from compressflow.errors import SettingsError, closest
+
+PREFIX = "COMPRESSFLOW_"
+# Set by compressflow for its own children, never by hand (compressflow.runtime.gpus).
+INTERNAL = frozenset({"COMPRESSFLOW_HELD_GPUS"})
+# What CUDA_VISIBLE_DEVICES takes: an index, or a GPU or MIG instance's UUID.
+_DEVICE = re.compile(r"^(\d+|-1|(GPU|MIG)-[\w-]+)$")
 
 # Where `make vllm-env` builds the vLLM environment, beside the project's own .venv; its stamp is
 # written once vLLM imports, so a half-built environment is not taken for one.
@@ -19,7 +35,7 @@ PROJECT_VLLM = Path(__file__).resolve().parent.parent / ".venv-vllm"
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="COMPRESSFLOW_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="ignore")
 
     output_dir: Path = Field(
         default=Path("outputs"),
@@ -34,13 +50,23 @@ class Settings(BaseSettings):
         "(compressflow.model.compile_cache); unset: <cache_dir>/torch-compile.",
     )
     lock_timeout_seconds: float = Field(
-        default=6 * 3600, gt=0, description="How long a run waits for another writer of its output."
+        default=6 * 3600,
+        gt=0,
+        allow_inf_nan=False,
+        description="How long a run waits for another writer of its output.",
     )
     allowed_imports: str = Field(
         default="",
         description="Comma-separated module prefixes user loaders and collators may come from.",
     )
     tracking: bool = Field(default=True, description="0 turns ClearML tracking off everywhere.")
+    threads: int | None = Field(
+        default=None,
+        gt=0,
+        le=1024,
+        description="Threads every computing child runs; unset: this worker's CPUs shared among "
+        "the children computing at the moment (compressflow.model.cpus).",
+    )
     checkpoint_retention_days: float = Field(
         default=7,
         ge=0,
@@ -83,8 +109,29 @@ class Settings(BaseSettings):
         "project's .venv-vllm when it exists; 'off': none.",
     )
     vllm_timeout_seconds: float = Field(
-        default=900, gt=0, description="How long vLLM may take to load and score both models."
+        default=900,
+        gt=0,
+        allow_inf_nan=False,
+        description="How long vLLM may take to load and score both models.",
     )
+
+    @field_validator("output_dir", "cache_dir", "compile_cache_dir", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value, info):
+        if isinstance(value, str) and not value.strip():
+            return cls.model_fields[info.field_name].get_default()
+        return value
+
+    @field_validator("gpu_devices")
+    @classmethod
+    def _devices(cls, value: str) -> str:
+        listed = [part.strip() for part in value.split(",") if part.strip()]
+        if value.strip().lower() != "none" and (bad := [p for p in listed if not _DEVICE.match(p)]):
+            raise ValueError(
+                f"{', '.join(map(repr, bad))} is not a GPU index (0, 1...) or UUID (GPU-..., "
+                "MIG-...)"
+            )
+        return value
 
     def vllm_python_path(self) -> Path | None:
         """The vLLM environment's Python; None when none is configured or it is not there."""
@@ -112,8 +159,69 @@ class Settings(BaseSettings):
         return [p.strip() for p in self.allowed_imports.split(",") if p.strip()]
 
 
+def variable(field: str) -> str:
+    return f"{PREFIX}{field.upper()}"
+
+
 def settings() -> Settings:
-    return Settings()
+    """This worker's settings; a SettingsError naming every variable its field refuses."""
+    try:
+        return Settings()
+    except ValidationError as error:
+        wrong = {str(problem["loc"][0]): problem["msg"] for problem in error.errors()}
+        values = {field: given(variable(field)) for field in wrong}
+        raise SettingsError(
+            ", ".join(map(variable, wrong)),
+            "; ".join(
+                f"{values[field] if len(wrong) == 1 else f'{variable(field)}={values[field]}'}: "
+                f"{message}"
+                for field, message in wrong.items()
+            ),
+            "in the worker's environment (the work pool's job_variables.env, or the shell that "
+            "starts the worker), correct or unset " + "; ".join(map(described, wrong)),
+        ) from None
+
+
+def given(name: str) -> str:
+    """The value a variable was set to, as read (case aside), shortened for a message."""
+    value = next((v for k, v in os.environ.items() if k.upper() == name), "")
+    return repr(value if len(value) <= 80 else f"{value[:60]}... ({len(value):,} characters)")
+
+
+def described(field: str) -> str:
+    """`COMPRESSFLOW_X` (what it sets; default D), for a fix."""
+    info = Settings.model_fields[field]
+    default = info.get_default(call_default_factory=True)
+    shown = "unset" if default in (None, "") else default
+    return f"{variable(field)} ({info.description.rstrip('.')}; default {shown})"
+
+
+def check_settings() -> Settings:
+    """The worker's settings, refused before a run does anything: a value a field refuses, a
+    COMPRESSFLOW_ name no setting has (a misspelt name would be ignored: the run would go on
+    with the default its user meant to change), and a cache folder no run could write."""
+    found = settings()
+    known = {variable(field) for field in Settings.model_fields}
+    for name in sorted(os.environ):
+        if name.upper().startswith(PREFIX) and name.upper() not in known | INTERNAL:
+            raise SettingsError(
+                name,
+                "no compressflow setting has this name, so its value would be ignored",
+                f"{closest(name.upper(), sorted(known))}rename it to a setting docs/deployments.md "
+                "lists (Worker settings), or unset it",
+            )
+    cache = found.cache_dir.expanduser().absolute()
+    existing = next(folder for folder in (cache, *cache.parents) if os.path.lexists(folder))
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        what = "is not a folder" if not existing.is_dir() else "may not be written by this user"
+        raise SettingsError(
+            variable("cache_dir"),
+            f"{cache} {'' if existing == cache else f'lies under {existing}, which '}{what}: "
+            "no dataset could be built there",
+            f"set {variable('cache_dir')} to a folder this worker's user may write, or unset it "
+            "for ~/.cache/compressflow",
+        )
+    return found
 
 
 def cache_root() -> Path:

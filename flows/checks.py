@@ -13,11 +13,13 @@ directly, without weights, and times each check.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from compressflow.data.text_sources import check_local, local_source
+from compressflow.errors import PublishError, SettingsError
 from compressflow.inputs import Inputs, RunArgs
 from compressflow.model.checkpoint import check_folder, local_folder
 from compressflow.model.hardware import (
@@ -33,6 +35,7 @@ from compressflow.registries.presets import PRESETS
 from compressflow.results import MemoryPlan
 from compressflow.runtime.gpus import refuse_fewer_samples, refuse_too_few
 from compressflow.runtime.isolation import in_child, warm_up
+from compressflow.settings import variable
 from compressflow.store.disk_space import check_free_space
 from compressflow.store.identity import hashing_early, run_key
 from compressflow.store.manifest import (
@@ -85,6 +88,23 @@ def precheck(args: RunArgs) -> None:
             check_local(data)
 
 
+@contextmanager
+def default_output(named: bool) -> Iterator[None]:
+    """An output folder no save_directory `named` is the worker's COMPRESSFLOW_OUTPUT_DIR's: a
+    refusal of it names that setting, not a parameter the user left empty."""
+    try:
+        yield
+    except PublishError as error:
+        if named:
+            raise
+        raise SettingsError(
+            variable("output_dir"),
+            f"{error.problem} (the default output folder, under {variable('output_dir')})",
+            f"set {variable('output_dir')} on the worker to a folder on a disk this worker's user "
+            "may write, or name output.save_directory",
+        ) from None
+
+
 def resolve_inputs(run: Runner, args: RunArgs, weights: bool = True) -> Inputs:
     """What the cheap stages make of `args`, in the order that fails fastest."""
     model, dataset, recipe, output = args.model, args.dataset, args.recipe, args.output
@@ -113,7 +133,8 @@ def resolve_inputs(run: Runner, args: RunArgs, weights: bool = True) -> Inputs:
     target = output_path(output, fetched, rendered)
     # Whatever `overwrite` says, and before the dataset builds: the source is never written to.
     check_apart(target, Path(fetched.path), calibration.offload_folder)
-    check_output_path(target)
+    with default_output(named=bool(output.save_directory)):
+        check_output_path(target)
     built = run(build_dataset, dataset, fetched, rendered.needs_data)
     return Inputs(
         args=args,

@@ -44,6 +44,7 @@ from compressflow.runtime.gpus import gpu_slots
 from compressflow.runtime.isolation import warm_up
 from compressflow.runtime.resume import discard
 from compressflow.runtime.stages import Stages, boundary
+from compressflow.settings import check_settings
 from compressflow.store.locks import output_lock
 from compressflow.store.manifest import (
     find_published,
@@ -90,7 +91,8 @@ def compress(
         target: A quality target: the smallest configuration whose held-out perplexity stays
             within max_perplexity_ratio of the base's (0, the default: the recipe as asked).
     """
-    # First: the forkserver's imports (5 s or more) overlap opening the ClearML task and the
+    check_settings()  # the worker's environment, before anything is opened or started
+    # Then the forkserver's imports (5 s or more) overlap opening the ClearML task and the
     # cheap stages, instead of starting when the first of them needs a child.
     warm_up()
     args = RunArgs(

@@ -54,6 +54,7 @@ from compressflow.reporting.quality import breaches
 from compressflow.reporting.tracking import track_flow_run
 from compressflow.results import EvaluationReport, FetchedModel, HeldOutText, LmEvalScores
 from compressflow.runtime.stages import Stages, boundary
+from compressflow.settings import check_settings
 from compressflow.store.manifest import Manifest, read_manifest, replace_manifest
 from compressflow.tasks.build_held_out import build_held_out
 from compressflow.tasks.compare_models import compare_models
@@ -172,6 +173,7 @@ def evaluate(
         engine: What scores both models: transformers, or vLLM (the server users deploy to;
             needs the worker's vLLM environment, and reports no KL divergence).
     """
+    check_settings()  # the worker's environment, before anything is opened or started
     check_lm_eval(lm_eval)
     require_vllm("engine", engine == "vllm", "set engine to transformers")
     compressed_path = resolve_compressed(compressed)

@@ -41,6 +41,7 @@ from compressflow.reporting.lineage import compress_run_name, current_parameters
 from compressflow.reporting.tracking import track_flow_run
 from compressflow.results import Point, PointResult, SweepReport
 from compressflow.runtime.stages import Stages, boundary
+from compressflow.settings import check_settings
 from compressflow.tasks.build_dataset import build_dataset
 from compressflow.tasks.fetch_model import fetch_model
 from compressflow.tasks.render_recipe import render_recipe
@@ -118,6 +119,7 @@ def sweep(
     tracking: TrackingArgs = TrackingArgs(),
 ) -> SweepReport:
     """Compress and evaluate every point of `space`; rank the points by `objective`."""
+    check_settings()  # the worker's environment, before anything is opened or started
     log = run_logger(__name__)
     points = expand(space, dataset.text_samples)
     root = Path(output_root).expanduser().resolve()

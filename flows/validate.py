@@ -38,6 +38,7 @@ from compressflow.params import (
 )
 from compressflow.results import Check, ValidationReport
 from compressflow.runtime.stages import boundary
+from compressflow.settings import check_settings
 from compressflow.store.manifest import find_published
 from compressflow.tasks.adapt_recipe import adapt_recipe
 from compressflow.tasks.build_dataset import build_dataset
@@ -110,6 +111,7 @@ def validate(
         {name: value for name, value in given.items() if value is not None}
     )
 
+    check_settings()  # as compress-model does first
     timed = _TimedChecks()
     with boundary("validate"):  # what escapes between the checks' own boundaries
         inputs = resolve_inputs(timed.run, RunArgs(**dict(params)), weights=False)

@@ -30,6 +30,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from compressflow.settings import settings
+
 # What the libraries read when their pools start; children set them so that what they start
 # (vLLM, torchrun, tokenizers' rayon pool) starts at the share too.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS")
@@ -161,10 +163,9 @@ class Ledger:
             self._file = None
 
 
-def fixed(environment: dict[str, str] | None = None) -> int | None:
+def fixed() -> int | None:
     """The count `COMPRESSFLOW_THREADS` fixes, or None (share automatically)."""
-    value = (environment if environment is not None else os.environ).get(OVERRIDE, "").strip()
-    return int(value) if value.isdigit() and int(value) > 0 else None
+    return settings().threads
 
 
 def share(ledger: Ledger | None = None, joining: bool = False) -> Share:

@@ -7,9 +7,9 @@ import re
 from typing import Any, NamedTuple
 
 from compressflow import compat
-from compressflow.errors import RecipeError
+from compressflow.errors import RecipeError, closest
 from compressflow.recipes import RECIPE_FIELD
-from compressflow.recipes.tree import closest, iter_modifiers
+from compressflow.recipes.tree import iter_modifiers
 
 # The stage a list of modifiers goes into; the name llm-compressor gives its own single stage.
 LIST_STAGE, LIST_GROUP = "default_stage", "default_modifiers"

@@ -6,7 +6,6 @@ modules unquantized to meet a quality target (search target).
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterator
 from typing import Any
 
@@ -60,9 +59,3 @@ def first_scheme(recipe: dict[str, Any]) -> str | None:
         if isinstance(scheme, dict) and scheme:  # {W4A16: [Linear], ...}: scheme -> targets
             return "+".join(map(str, scheme))
     return None
-
-
-def closest(word: str, choices: list[str], cutoff: float = 0.5) -> str:
-    """A "did you mean ...? " hint for a misspelt name, or "" when nothing is close."""
-    close = difflib.get_close_matches(word, choices, n=3, cutoff=cutoff)
-    return f"did you mean {' or '.join(close)}? " if close else ""

@@ -8,9 +8,9 @@ import yaml
 from pydantic import ValidationError
 
 from compressflow import compat
-from compressflow.errors import RecipeError
+from compressflow.errors import RecipeError, closest
 from compressflow.recipes import ARGS_FIELD, RECIPE_FIELD
-from compressflow.recipes.tree import closest, iter_modifiers
+from compressflow.recipes.tree import iter_modifiers
 
 if TYPE_CHECKING:
     from llmcompressor.modifiers import Modifier

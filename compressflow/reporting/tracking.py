@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from compressflow import compat
 from compressflow.logs import run_logger
-from compressflow.settings import Settings
+from compressflow.settings import settings as worker_settings
 
 if TYPE_CHECKING:
     from compressflow.params import TrackingArgs
@@ -316,7 +316,7 @@ def open_run(
 ) -> Iterator[Tracker]:
     """Open the flow run's ClearML task, yield its Tracker, and close it (bounded)."""
     tracker = Tracker()
-    if not enabled or not Settings().tracking:
+    if not enabled or not worker_settings().tracking:
         yield tracker
         return
     try:

@@ -68,6 +68,12 @@ def test_output_locations(env, case):
     fuzz.run_validate(env, case)
 
 
+@fuzz.seeded(20)
+@given(case=fuzz.settings_cases())
+def test_worker_settings(env, case):
+    fuzz.run_settings(env, case)
+
+
 # Found with SmoothQuant between the two (refused now for its place, SMOOTHING_AFTER): the
 # quantizers alone are the case.
 TWO_QUANTIZERS = """\

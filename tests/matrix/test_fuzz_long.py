@@ -106,3 +106,9 @@ def test_the_whole_flow_ran(flow_runs):
         pytest.skip("test_checkpoint_folders_long did not run in this session")
     print({kind: sorted(budget.chosen) for kind, budget in flow_runs.items()})
     assert flow_runs["checkpoint"].left < FLOW_RUNS
+
+
+@fuzz.seeded(80)
+@given(case=fuzz.settings_cases())
+def test_worker_settings_long(env, case):
+    fuzz.run_settings(env, case)

@@ -1,8 +1,8 @@
 """The fuzzer (issue 39): inputs nobody here wrote, as a tired user or an attacker hands them to
 compress-model, and the one property every case is held to.
 
-Five kinds of input, one Hypothesis strategy each (`checkpoint_cases`, `tokenizer_cases`,
-`recipe_cases`, `data_cases`, `output_cases`). A case is a frozen dataclass whose repr is the
+Six kinds of input, one Hypothesis strategy each (`checkpoint_cases`, `tokenizer_cases`,
+`recipe_cases`, `data_cases`, `output_cases`, and the worker's environment: `settings_cases`). A case is a frozen dataclass whose repr is the
 Python that builds it, so a case the fuzzer found is pasted into an `@example(...)` as printed.
 `Case.prepare(env, root)` applies it to fresh copies in `root`, a folder of its own (the shared
 models in `FuzzEnv` are never mutated), and returns the parameter groups to call the flow with.
@@ -1362,6 +1362,133 @@ def _link(root: Path, target: Path, name: str) -> str:
 
 
 output_cases = st.builds(OutputCase, st.sampled_from(sorted(OUTPUT_PLACES)), st.booleans())
+
+
+# ---------------------------------------------------------------- worker settings
+
+
+@dataclass(frozen=True)
+class SettingsCase:
+    """A worker's COMPRESSFLOW_ variable as typed by hand: a setting's name (or a misspelt one:
+    `name` as written), `value` one of SETTING_VALUES. Set only while the case runs."""
+
+    name: str
+    value: str
+
+    def prepare(self, env: FuzzEnv, root: Path) -> tuple[dict, list[Path]]:
+        # No save_directory: the output folder is COMPRESSFLOW_OUTPUT_DIR's to say. Watched: the
+        # source only; a setting that passes may write its cache in the case's folder.
+        return validate_params(env.shared, root, output={"save_directory": ""}), [env.shared]
+
+    def variables(self, root: Path) -> dict[str, str]:
+        # HOME too: "~" names the case's folder, not the home of whoever runs the tests.
+        return {"HOME": str(root), self.name: SETTING_VALUES[self.value](root)}
+
+
+def _setting_names() -> list[str]:
+    from compressflow.settings import Settings, variable
+
+    return sorted(variable(name) for name in Settings.model_fields)
+
+
+SETTING_VALUES: dict[str, Callable[[Path], str]] = {
+    **{
+        repr(text): (lambda root, text=text: text)
+        for text in [
+            "",
+            " ",
+            "0",
+            "-1",
+            "1",
+            "3",
+            " 900 ",
+            "1e309",
+            "inf",
+            "-inf",
+            "nan",
+            "15m",
+            "1_000",
+            "0x10",
+            "\uff19\uff10\uff10",
+            "true",
+            "off",
+            "none",
+            "0,1",
+            "-1,0",
+            "GPU-0a1b-2c",
+            "0;rm -rf ~",
+            "a/b",
+            "%",
+            "${HOME}",
+            "~",
+            "~no-such-user/x",  # left as it is: a relative path ("~nobody" is /nonexistent)
+            "..",  # not "/": as root, a cache there would be written (it passes, rightly)
+            "/proc/self",
+            "/dev/null",
+            "/sys/x",
+            "x" * 5000,
+            "\u00e9t\u00e9",
+        ]
+    },
+    **{
+        kind: (lambda root, kind=kind: _made(root, kind))
+        for kind in ["file", "under a file", "read-only folder", "fifo", "link to /proc"]
+    },
+    "a new folder": lambda root: str(root / "new" / "deeper"),
+}
+
+
+@st.composite
+def settings_cases(draw) -> SettingsCase:
+    """Every setting's variable (new settings join by themselves), or one misspelt as tired
+    hands do: a letter dropped, a word left off, lower case, a space after."""
+    name = draw(st.sampled_from(_setting_names()))
+    typo = draw(st.sampled_from(["", "", "", "drop", "cut", "lower", "space"]))
+    if typo == "drop":
+        at = draw(st.integers(len("COMPRESSFLOW_"), len(name) - 1))
+        name = name[:at] + name[at + 1 :]
+    elif typo == "cut":
+        name = name.rsplit("_", 1)[0]
+    elif typo == "lower":
+        name = name.lower()
+    elif typo == "space":
+        name += " "
+    return SettingsCase(name, draw(st.sampled_from(sorted(SETTING_VALUES))))
+
+
+@contextmanager
+def environment(variables: dict[str, str]) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def run_settings(env: FuzzEnv, case: SettingsCase) -> Ran:
+    """`case` through `validate`: held to the property, and a refusal names the variable (or
+    its value: the folder it names) so the one who set it knows what to change; a refused case
+    leaves its folder as it was, a passing one may have written there the cache it names."""
+    from compressflow.flows.validate import validate
+
+    with case_folder(env) as root, working_directory(root):
+        params, watched = case.prepare(env, root)
+        variables = case.variables(root)
+        before = snapshot(root)
+        with environment(variables):
+            outcome = assert_refused_or_sound(lambda: validate(**params), case, watched)
+        if outcome.refused:
+            text = str(outcome.error)
+            assert case.name.strip().upper() in text.upper(), (
+                f"{case!r}: the refusal does not name the variable: {text}"
+            )
+            assert snapshot(root) == before, f"{case!r}: refused, but wrote in its folder"
+        return Ran(case, outcome, params)
 
 
 # ---------------------------------------------------------------- running a case
