@@ -189,7 +189,7 @@ def w4a16_run(tiny_model, test_root, prefect_harness) -> SharedRun:
         tracking=TrackingArgs(task_name="tracking test"),
         calibration=CalibrationArgs(batch_size=4, moe_calibrate_all_experts=False),
     )
-    # Without vLLM, as a worker without it publishes: test_vllm_checks.py serves it in a reuse.
+    # Without vLLM, as a worker without it publishes: test_vllm_served_runs.py serves it in a reuse.
     state = compress(**params, return_state=True)
     return SharedRun(params=params, state=state, published=state.result())
 

