@@ -56,18 +56,20 @@ $(VLLM_STAMP): requirements-vllm.txt
 
 vllm-env: $(VLLM_STAMP)
 
-# Byte-compiled once per install, for the tests: every installed module but test folders (a
-# module that does not compile on this Python, torch's py312_intrinsics, is one nothing imports).
-# On a fresh clone each test process compiled what it imported for itself as it started, two or
-# four at once: make test took 377 s there against 334 s with .pyc files present; compiling only
-# what the stages and flows import first (25 s) left it at 353 s, with 1,429 modules still
-# compiled as tests went (Prefect's server and CLI, networkx, torch's inductor, transformers'
-# model families). The demo does not wait for it: its two processes compile what they import as
-# they go, about a third of what is installed.
+# Byte-compiled once per install, for the tests: by importing what their processes import first,
+# two processes at once (the stages' libraries; Prefect's server, worker and the flows), 25 s on a
+# fresh clone. Each test process otherwise compiled them for itself as it started: a fresh make
+# test took 377 s against 334 s with .pyc files present, and 353 s after this. Compiling every
+# installed module instead (compileall, 44 s) left the tests no faster (350 s). The demo does not
+# wait for it: its two processes compile what they import as they go.
 COMPILED := $(VENV)/.compiled
+STAGE_IMPORTS := compressflow.runtime.preload, compressflow.verification.run
+RUN_IMPORTS := compressflow.flows.cli, compressflow.flows.compress, compressflow.flows.evaluate, \
+	compressflow.flows.sweep, prefect.server.api.server, prefect.workers.process, clearml, \
+	lm_eval, hypothesis, xdist
 $(COMPILED): $(STAMP)
-	$(PY) -m compileall -q -j 0 -x '/(testing|tests)/' \
-		$$($(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") > /dev/null || true
+	$(PY) -c "import $(STAGE_IMPORTS)" & stages=$$!; \
+		$(PY) -c "import $(RUN_IMPORTS)" && wait $$stages
 	touch $(COMPILED)
 
 compiled: $(COMPILED)

@@ -331,7 +331,14 @@ def pytest_collection_finish(session):
     if "yardstick" in needed:
         _build_yardstick()
     # The real stack's ~40 s of start-up, all subprocesses, overlaps the tests before its first.
-    if STACK_FIXTURES & needed:
+    # Every test process collects every test, and starts its own: early only where each process
+    # will likely use one. With fewer files needing it than processes (make test: one file, two
+    # processes), the others started a server, deploys and two workers that no test used, 40 s
+    # of CPU taken from the tests; the process the file lands on then starts it when asked.
+    stacked = {
+        i.path for i in session.items if STACK_FIXTURES & set(getattr(i, "fixturenames", ()))
+    }
+    if stacked and len(stacked) >= int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")):
         from support.prefect_stack import StackInBackground
 
         home = Path(tempfile.mkdtemp(dir=_ROOT, prefix="stack-"))
