@@ -192,8 +192,10 @@ def described(field: str) -> str:
     """`COMPRESSFLOW_X` (what it sets; default D), for a fix."""
     info = Settings.model_fields[field]
     default = info.get_default(call_default_factory=True)
-    shown = "unset" if default in (None, "") else default
-    return f"{variable(field)} ({info.description.rstrip('.')}; default {shown})"
+    description = info.description.rstrip(".")
+    if default in (None, ""):  # the description says what unset means where it means something
+        return f"{variable(field)} ({description}{'' if 'unset' in description else '; default unset'})"
+    return f"{variable(field)} ({description}; default {default})"
 
 
 def check_settings() -> Settings:
