@@ -63,12 +63,14 @@ vllm-env: $(VLLM_STAMP)
 # installed module instead (compileall, 44 s) left the tests no faster (350 s). The demo does not
 # wait for it: its two processes compile what they import as they go.
 COMPILED := $(VENV)/.compiled
-STAGE_IMPORTS := compressflow.runtime.preload, compressflow.verification.run
+# The stages' list is the forkserver's own (isolation.PRELOAD): what their children import.
+STAGE_IMPORTS := import importlib; from compressflow.runtime.isolation import PRELOAD; \
+	[importlib.import_module(name) for name in PRELOAD]
 RUN_IMPORTS := compressflow.flows.cli, compressflow.flows.compress, compressflow.flows.evaluate, \
 	compressflow.flows.sweep, prefect.server.api.server, prefect.workers.process, clearml, \
 	lm_eval, hypothesis, xdist
 $(COMPILED): $(STAMP)
-	$(PY) -c "import $(STAGE_IMPORTS)" & stages=$$!; \
+	$(PY) -c "$(STAGE_IMPORTS)" & stages=$$!; \
 		$(PY) -c "import $(RUN_IMPORTS)" && wait $$stages
 	touch $(COMPILED)
 

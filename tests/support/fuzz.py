@@ -2,8 +2,8 @@
 compress-model, and the one property every case is held to.
 
 Six kinds of input, one Hypothesis strategy each (`checkpoint_cases`, `tokenizer_cases`,
-`recipe_cases`, `data_cases`, `output_cases`, and the worker's environment: `settings_cases`). A case is a frozen dataclass whose repr is the
-Python that builds it, so a case the fuzzer found is pasted into an `@example(...)` as printed.
+`recipe_cases`, `data_cases`, `output_cases`, and the worker's environment: `settings_cases`).
+A case is a frozen dataclass whose repr is the Python that builds it, so a case the fuzzer found is pasted into an `@example(...)` as printed.
 `Case.prepare(env, root)` applies it to fresh copies in `root`, a folder of its own (the shared
 models in `FuzzEnv` are never mutated), and returns the parameter groups to call the flow with.
 
@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import yaml
 from hypothesis import HealthCheck, settings
@@ -1391,6 +1392,19 @@ def _setting_names() -> list[str]:
     return sorted(variable(name) for name in Settings.model_fields)
 
 
+def _misspelt(draw, name: str) -> str:
+    """`name` as tired hands type it, or as it is."""
+    from compressflow.settings import PREFIX
+
+    typo = draw(st.sampled_from(["", "", "", "drop", "cut", "lower", "space"]))
+    if typo == "drop":  # a letter of the setting's own part
+        at = draw(st.integers(len(PREFIX), len(name) - 1))
+        return name[:at] + name[at + 1 :]
+    return {"cut": name.rsplit("_", 1)[0], "lower": name.lower(), "space": name + " "}.get(
+        typo, name
+    )
+
+
 SETTING_VALUES: dict[str, Callable[[Path], str]] = {
     **{
         repr(text): (lambda root, text=text: text)
@@ -1442,32 +1456,8 @@ SETTING_VALUES: dict[str, Callable[[Path], str]] = {
 def settings_cases(draw) -> SettingsCase:
     """Every setting's variable (new settings join by themselves), or one misspelt as tired
     hands do: a letter dropped, a word left off, lower case, a space after."""
-    name = draw(st.sampled_from(_setting_names()))
-    typo = draw(st.sampled_from(["", "", "", "drop", "cut", "lower", "space"]))
-    if typo == "drop":
-        at = draw(st.integers(len("COMPRESSFLOW_"), len(name) - 1))
-        name = name[:at] + name[at + 1 :]
-    elif typo == "cut":
-        name = name.rsplit("_", 1)[0]
-    elif typo == "lower":
-        name = name.lower()
-    elif typo == "space":
-        name += " "
+    name = _misspelt(draw, draw(st.sampled_from(_setting_names())))
     return SettingsCase(name, draw(st.sampled_from(sorted(SETTING_VALUES))))
-
-
-@contextmanager
-def environment(variables: dict[str, str]) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def run_settings(env: FuzzEnv, case: SettingsCase) -> Ran:
@@ -1480,7 +1470,7 @@ def run_settings(env: FuzzEnv, case: SettingsCase) -> Ran:
         params, watched = case.prepare(env, root)
         variables = case.variables(root)
         before = snapshot(root)
-        with environment(variables):
+        with mock.patch.dict(os.environ, variables):
             outcome = assert_refused_or_sound(lambda: validate(**params), case, watched)
         if outcome.refused:
             text = str(outcome.error)
