@@ -24,8 +24,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from compressflow.errors import SettingsError, closest
 
 PREFIX = "COMPRESSFLOW_"
-# Set by compressflow for its own children, never by hand (compressflow.runtime.gpus).
-INTERNAL = frozenset({"COMPRESSFLOW_HELD_GPUS"})
+# The devices a process holds GPU slots of, set by compressflow.runtime.gpus for its children:
+# never by hand, and no setting.
+HELD_GPUS = f"{PREFIX}HELD_GPUS"
 # What CUDA_VISIBLE_DEVICES takes: an index, or a GPU or MIG instance's UUID.
 _DEVICE = re.compile(r"^(\d+|-1|(GPU|MIG)-[\w-]+)$")
 
@@ -205,7 +206,7 @@ def check_settings() -> Settings:
     found = settings()
     known = {variable(field) for field in Settings.model_fields}
     for name in sorted(os.environ):
-        if name.upper().startswith(PREFIX) and name.upper() not in known | INTERNAL:
+        if name.upper().startswith(PREFIX) and name.upper() not in {*known, HELD_GPUS}:
             raise SettingsError(
                 name,
                 "no compressflow setting has this name, so its value would be ignored",

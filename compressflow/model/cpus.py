@@ -30,12 +30,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from compressflow.settings import settings
+from compressflow.settings import settings, variable
 
 # What the libraries read when their pools start; children set them so that what they start
 # (vLLM, torchrun, tokenizers' rayon pool) starts at the share too.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS")
-OVERRIDE = "COMPRESSFLOW_THREADS"
+OVERRIDE = variable("threads")
 LEDGER = "compressflow-cpu-share"
 
 

@@ -22,10 +22,10 @@ from contextlib import ExitStack, contextmanager
 
 from compressflow.errors import CalibrationError
 from compressflow.logs import run_logger
+from compressflow.settings import HELD_GPUS as HELD
 from compressflow.settings import settings
 
 POLL_SECONDS = 2.0  # between rounds of trying every slot while all are busy
-HELD = "COMPRESSFLOW_HELD_GPUS"  # the devices this process holds slots of, while it holds them
 _NVIDIA_SMI_GPU = re.compile(r"^GPU (\d+):", re.M)
 
 
