@@ -21,7 +21,12 @@ from prefect import flow
 from prefect.artifacts import create_table_artifact
 
 from compressflow.blocks.clearml_settings import load_clearml_settings
-from compressflow.errors import EvaluationError, InputError, QualityThresholdExceeded
+from compressflow.errors import (
+    EvaluationError,
+    InputError,
+    PublishError,
+    QualityThresholdExceeded,
+)
 from compressflow.logs import run_logger
 from compressflow.model.serving import require_vllm
 from compressflow.params import (
@@ -55,11 +60,17 @@ from compressflow.reporting.tracking import track_flow_run
 from compressflow.results import EvaluationReport, FetchedModel, HeldOutText, LmEvalScores
 from compressflow.runtime.stages import Stages, boundary
 from compressflow.settings import check_settings
-from compressflow.store.manifest import Manifest, read_manifest, replace_manifest
+from compressflow.store.locks import output_lock
+from compressflow.store.manifest import Manifest, changed_files, read_manifest, replace_manifest
 from compressflow.tasks.build_held_out import build_held_out
 from compressflow.tasks.compare_models import compare_models
 from compressflow.tasks.fetch_model import fetch_model, resolve_compressed
 from compressflow.tasks.run_lm_eval import check_lm_eval, run_lm_eval, write_own_tasks
+
+# How long recording an evaluation waits for its folder's lock: a run reusing the folder holds it
+# for seconds; one republishing it, for its whole calibration (the figures are then of the model
+# it replaces, and are not recorded).
+RECORD_WAIT_SECONDS = 60.0
 
 
 def metric_rows(report: EvaluationReport, gate: QualityGate) -> list[dict]:
@@ -262,13 +273,49 @@ def evaluate(
     report.tracking = tracker.status()
     # Only the card of a folder given as a folder: a hub or ClearML copy is a cache, not ours.
     given_as_folder = not compressed.clearml_model and Path(compressed.model_id).exists()
-    section = evaluation_section(report, base.model_id, engine)
-    if given_as_folder and add_evaluation(compressed_path, section):
-        run_logger(__name__).info("Added the evaluation to %s", compressed_path / CARD)
-    if given_as_folder and manifest is not None:  # beside the card: every figure, readable
-        replace_manifest(compressed_path, manifest.model_copy(update={"evaluation": report}))
+    if given_as_folder and manifest is not None:
+        record_evaluation(compressed_path, manifest, report, base.model_id, engine)
     apply_gate(found, compressed_path, gate)
     return report
+
+
+def record_evaluation(
+    folder: Path, manifest: Manifest, report: EvaluationReport, base_id: str, engine: str
+) -> None:
+    """Write the evaluation into the card and manifest of the published folder it scored, under
+    the folder's lock, and only while the folder still holds what was scored: a compress run
+    that republished it meanwhile, or files changed since publishing, would otherwise get a
+    manifest describing other weights. Only the folder of a manifest is written: a model we
+    did not publish never is (and a hub or ClearML copy is a cache, not ours)."""
+    log = run_logger(__name__)
+    try:
+        with output_lock(folder, log, timeout=RECORD_WAIT_SECONDS):
+            current = read_manifest(folder)
+            if current is None or current.created_at != manifest.created_at:
+                log.warning(
+                    "Not recorded in %s: it was published anew while this evaluation ran; the "
+                    "figures above are of the earlier model",
+                    folder,
+                )
+                return
+            changed = changed_files(folder, current)
+            if changed != []:
+                log.warning(
+                    "Not recorded in %s: %s, so its manifest may not describe the files scored",
+                    folder,
+                    "its manifest does not record the sha256 of each file"
+                    if changed is None
+                    else f"it changed since it was published ({'; '.join(changed[:3])})",
+                )
+                return
+            if add_evaluation(folder, evaluation_section(report, base_id, engine)):
+                log.info("Added the evaluation to %s", folder / CARD)
+            # Beside the card: every figure, readable.
+            replace_manifest(folder, current.model_copy(update={"evaluation": report}))
+    except PublishError as exc:  # a compress run has held the folder since before the wait
+        log.warning("Not recorded in %s: %s", folder, exc.problem)
+    except OSError as exc:  # a folder this worker may read but not write: the scores stand
+        log.warning("Not recorded in %s: %s", folder, exc)
 
 
 def apply_gate(found: list[str], compressed_path: Path, gate: QualityGate) -> None:

@@ -36,11 +36,12 @@ from compressflow.results import (
     Verification,
 )
 from compressflow.store.disk_space import disk_full_is_clear
-from compressflow.store.identity import library_versions
+from compressflow.store.identity import file_digests, library_versions
 from compressflow.store.manifest import (
     MANIFEST,
     Manifest,
     ManifestResult,
+    hashed_files,
     published_files,
     published_model,
     read_manifest,
@@ -152,6 +153,7 @@ def publish(
         if search is not None and search.mix is not None:  # the card's chart, beside it
             (staging / SVG_FILE).write_text(tradeoff_svg(search.mix.points))
         manifest.files = published_files(staging, MANIFEST, CARD)
+        manifest.file_sha256 = file_digests(staging, hashed_files(staging))
         write_manifest(staging, manifest)
         card = model_card(manifest, target_path, Path(model.path), tracking.current().link())
         (staging / CARD).write_text(card)

@@ -26,9 +26,7 @@ from compressflow.results import (
     TargetSearch,
     Verification,
 )
-from compressflow.store.manifest import Manifest, read_manifest
-
-CARD = "README.md"
+from compressflow.store.manifest import CARD, Manifest, read_manifest
 
 
 def source_license(source: Path) -> str | None:

@@ -168,13 +168,23 @@ def content_hash(path: Path) -> str:
 def hash_folder(path: Path, threads: int, stop: threading.Event | None = None) -> str:
     """`content_hash`'s work; with `stop`, on threads that yield the CPU to everything else."""
     files = _files(path)
-    with ThreadPoolExecutor(threads, initializer=_yielding if stop else None) as pool:
-        digests = pool.map(lambda file: file_sha256(file, stop), files)
-        digest = hashlib.sha256()
-        for file, file_digest in zip(files, digests, strict=True):
-            digest.update(str(file.relative_to(path)).encode() + b"\0")
-            digest.update(file_digest)
+    digest = hashlib.sha256()
+    for file, file_digest in zip(files, _sha256s(files, threads, stop), strict=True):
+        digest.update(str(file.relative_to(path)).encode() + b"\0")
+        digest.update(file_digest)
     return digest.hexdigest()
+
+
+def file_digests(folder: Path, names: list[str]) -> dict[str, str]:
+    """sha256 (hex) of each named file under `folder`, hashed on several threads: what a
+    published folder's manifest records of its files, and checks them against before a reuse."""
+    digests = _sha256s([folder / name for name in names], _HASH_THREADS)
+    return {name: digest.hex() for name, digest in zip(names, digests, strict=True)}
+
+
+def _sha256s(files: list[Path], threads: int, stop: threading.Event | None = None) -> list[bytes]:
+    with ThreadPoolExecutor(threads, initializer=_yielding if stop else None) as pool:
+        return list(pool.map(lambda file: file_sha256(file, stop), files))
 
 
 def _yielding() -> None:

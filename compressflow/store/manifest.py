@@ -47,8 +47,10 @@ from compressflow.results import (
 )
 from compressflow.settings import settings
 from compressflow.store.atomic import write_atomic
+from compressflow.store.identity import file_digests
 
 MANIFEST = "manifest.json"
+CARD = "README.md"  # the model card (compressflow.reporting.model_card writes it)
 
 
 class ManifestResult(BaseModel):
@@ -113,12 +115,20 @@ class Manifest(BaseModel):
         "included: replacing the output deletes these and nothing else. None in manifests "
         "written before it was recorded; such an output is never replaced.",
     )
+    file_sha256: dict[str, str] | None = Field(
+        default=None,
+        description="sha256 of every published file but the manifest and the model card (which "
+        "evaluate-model and a later vLLM check rewrite): a run that would reuse the folder, or "
+        "an evaluation that would record its results here, first checks the files are still "
+        "these. None in manifests written before it was recorded: such an output cannot be "
+        "checked, and is not reused.",
+    )
 
-    @field_validator("files")
+    @field_validator("files", "file_sha256")
     @classmethod
-    def _inside(cls, files: list[str] | None) -> list[str] | None:
+    def _inside(cls, files: list[str] | dict[str, str] | None):
         # A manifest is a file anyone with write access to the folder can edit: the names it
-        # lists are deleted on overwrite, so none may point out of the folder.
+        # lists are deleted on overwrite, or opened and read, so none may point out of it.
         for name in files or []:
             path = PurePosixPath(name)
             if not name or path.is_absolute() or ".." in path.parts or str(path) != name:
@@ -204,13 +214,56 @@ def published_model(path: Path, manifest: Manifest, reused: bool) -> PublishedMo
     return PublishedModel(reused=reused, path=str(path), **manifest.result.model_dump())
 
 
-def find_published(target: Path, key: str) -> PublishedModel | None:
-    """The output already at `target` when it was made from exactly the same inputs."""
-    manifest = read_manifest(target)
+def hashed_files(folder: Path) -> list[str]:
+    """The published files a manifest records the sha256 of: all but the manifest itself and
+    the model card, which later runs rewrite."""
+    return [name for name in published_files(folder) if name not in (MANIFEST, CARD)]
+
+
+def changed_files(folder: Path, manifest: Manifest) -> list[str] | None:
+    """How a published folder departs from what its run published, one entry each ('model.
+    safetensors: other bytes', 'notes.txt: added'); [] when it holds exactly that. A file is
+    judged by its bytes alone (a copy of the folder is the same output); a file added counts, as
+    a loader may read it (vLLM loads every *.safetensors beside the index-less weights). None when
+    the manifest does not record a sha256 for each file it lists (an earlier version's output, or
+    a manifest edited): nothing can be told, so nothing is taken as intact."""
+    if manifest.files is None or manifest.file_sha256 is None:
+        return None
+    if set(manifest.file_sha256) != set(manifest.files) - {MANIFEST, CARD}:
+        return None
+    found = {}
+    for name in manifest.file_sha256:
+        path = folder / name
+        if not os.path.lexists(path):
+            found[name] = "missing"
+        # Only plain files are opened: a FIFO put in a weight's place would block the read.
+        elif path.is_symlink() or not_regular(path):
+            found[name] = "no longer a plain file"
+    digests = file_digests(folder, sorted(set(manifest.file_sha256) - set(found)))
+    for name, digest in digests.items():
+        if digest != manifest.file_sha256[name]:
+            found[name] = "other bytes"
+    for name in [CARD, MANIFEST]:
+        if (folder / name).is_symlink() or not_regular(folder / name):
+            found[name] = "no longer a plain file"
+    for name in not_published(folder, manifest):
+        found[name] = "added"
+    return [f"{name}: {why}" for name, why in sorted(found.items())]
+
+
+def _same_run(manifest: Manifest | None, key: str) -> bool:
+    """Whether `manifest` is of a verified output made from exactly the inputs of `key`."""
     verified = manifest and manifest.verification and manifest.verification.passed
-    if verified and manifest.result.run_key == key:
-        return published_model(target, manifest, reused=True)
-    return None
+    return bool(verified and manifest.result.run_key == key)
+
+
+def find_published(target: Path, key: str) -> PublishedModel | None:
+    """The output already at `target` when it was made from exactly the same inputs and its
+    files are still the ones published (check_target says what changed)."""
+    manifest = read_manifest(target)
+    if not _same_run(manifest, key) or changed_files(target, manifest) != []:
+        return None
+    return published_model(target, manifest, reused=True)
 
 
 def check_target(target: Path, key: str, overwrite: bool) -> None:
@@ -219,11 +272,17 @@ def check_target(target: Path, key: str, overwrite: bool) -> None:
     `overwrite` replaces an earlier compressflow output only (one with our manifest): files we
     did not publish are never moved or deleted.
     """
-    if not target.exists() or find_published(target, key):
+    if not target.exists():
         return
     if target.is_dir() and not any(target.iterdir()):
         return
     manifest = read_manifest(target)
+    if _same_run(manifest, key):
+        changed = changed_files(target, manifest)
+        if changed == []:
+            return  # the run reuses it
+        if not overwrite:
+            raise PublishError("output.save_directory", *_not_reused(target, changed))
     if manifest and overwrite:
         refuse_unpublished(target, manifest)
         return
@@ -240,6 +299,25 @@ def check_target(target: Path, key: str, overwrite: bool) -> None:
         f"readable {MANIFEST})",
         "choose another save_directory, or empty that folder yourself; output.overwrite: true "
         "replaces only an earlier compressflow output, never other files",
+    )
+
+
+def _not_reused(target: Path, changed: list[str] | None) -> tuple[str, str]:
+    """(problem, fix) of an output these inputs made that cannot be reused as it is."""
+    if changed is None:
+        return (
+            f"{target} was published from these same inputs, but its manifest does not record "
+            "the sha256 of each of its files (an earlier compressflow version's output, or an "
+            "edited manifest): they cannot be checked, so it is not reused",
+            "set output.overwrite: true to calibrate and publish it anew",
+        )
+    listed = "; ".join(changed[:3]) + ("; ..." if len(changed) > 3 else "")
+    return (
+        f"{target} was published from these same inputs, but it changed since ({listed}): not "
+        "what its manifest says was verified, so it is not reused",
+        "set output.overwrite: true to calibrate and publish it anew (only the files it "
+        "published are replaced; move out any you added), or put the folder back as it was "
+        "published",
     )
 
 

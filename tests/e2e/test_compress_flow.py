@@ -6,7 +6,9 @@ Each preset that runs on CPU is calibrated on the tiny model, reloaded with tran
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -51,6 +53,13 @@ def assert_published_whole(published, target: Path) -> None:
     assert manifest["files"] == sorted(
         p.relative_to(target).as_posix() for p in target.rglob("*") if not p.is_dir()
     )
+    # What a later run checks before reusing it: every published file's bytes but the two
+    # that later runs rewrite.
+    assert manifest["file_sha256"] == {
+        name: hashlib.sha256((target / name).read_bytes()).hexdigest()
+        for name in manifest["files"]
+        if name not in ("manifest.json", "README.md")
+    }
     assert manifest["libraries"]["llmcompressor"] == "0.14.0.1"
     assert published.compression_ratio > 1.5
     assert_reloads_with_finite_logits(published.path)
@@ -176,6 +185,27 @@ def test_second_run_reuses_cached_stages_and_the_published_output(
     )
     assert not third.reused and third.run_key != first.run_key
     assert stage(third, "fetch model").cached and stage(third, "build dataset").cached
+
+
+def test_an_output_whose_weights_changed_since_publishing_is_published_anew_not_reused(
+    w4a16_run, tmp_path
+):
+    folder = tmp_path / "copy"
+    shutil.copytree(w4a16_run.published.path, folder)
+    output = w4a16_run.params["output"].model_copy(update={"save_directory": str(folder)})
+    params = {**w4a16_run.params, "output": output}
+    assert compress(**params).reused  # a copy is the same output: the same bytes
+    # One weight byte, the header intact: a corrupted copy, a hand edit, a tool writing there.
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(data)
+    with pytest.raises(PublishError, match=r"it changed since \(model.safetensors: other bytes\)"):
+        compress(**params)
+    assert weights.read_bytes() == data
+    republished = compress(**{**params, "output": output.model_copy(update={"overwrite": True})})
+    assert_published_whole(republished, folder)
+    assert republished.run_key == w4a16_run.published.run_key
 
 
 def test_output_holding_another_model_is_refused_before_calibration(tiny_model, tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from support.reports import evaluation_report
 
 from compressflow.flows.evaluate import evaluation_key, metric_rows
 from compressflow.flows.sweep import ranking_rows
@@ -22,12 +23,10 @@ from compressflow.reporting.artifacts import (
     stage_table,
 )
 from compressflow.results import (
-    EvaluationReport,
     ModuleMetric,
     Point,
     PointResult,
     PublishedModel,
-    QualityMetrics,
     StageRecord,
     Verification,
     VerificationCheck,
@@ -207,30 +206,8 @@ def test_durations():
     assert duration(754.36) == "754.4 s"
 
 
-def report(**lm_eval) -> EvaluationReport:
-    return EvaluationReport(
-        compressed_path="/out/m",
-        base_identity="sha256:x",
-        scheme="W4A16",
-        held_out_source="shortcut:python_docs",
-        excluded_calibration_samples=0,
-        metrics=QualityMetrics(
-            samples=8,
-            tokens=100,
-            base_perplexity=12.345678,
-            compressed_perplexity=13.456789,
-            perplexity_increase_pct=9.00123,
-            kl_divergence=0.0123456789,
-            top1_agreement=0.9345678,
-        ),
-        lm_eval=lm_eval,
-        breaches=[],
-        passed=True,
-    )
-
-
 def test_evaluation_rows_are_rounded_with_units():
-    rows = {r["metric"]: r for r in metric_rows(report(), QualityGate())}
+    rows = {r["metric"]: r for r in metric_rows(evaluation_report(), QualityGate())}
     perplexity = rows["perplexity"]
     assert (perplexity["base"], perplexity["compressed"]) == (12.35, 13.46)
     assert perplexity["change"] == "+9.0 %"
@@ -241,7 +218,9 @@ def test_evaluation_rows_are_rounded_with_units():
 
 
 def test_evaluation_rows_without_limits_and_with_lm_eval():
-    scores = report(base={"hellaswag/acc": 0.45678912}, compressed={"hellaswag/acc": 0.4412345})
+    scores = evaluation_report(
+        base={"hellaswag/acc": 0.45678912}, compressed={"hellaswag/acc": 0.4412345}
+    )
     scores.lm_eval_backend, scores.lm_eval_recovery = "hf", {"hellaswag/acc": 96.5964}
     gate = QualityGate(max_perplexity_increase_pct=0, max_kl=0, min_lm_eval_recovery_pct=95)
     rows = {r["metric"]: r for r in metric_rows(scores, gate)}

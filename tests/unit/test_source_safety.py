@@ -5,6 +5,7 @@ tests/e2e/test_offload_leftovers.py)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -12,20 +13,27 @@ from pathlib import Path
 
 import pytest
 from support.processes import dead_pid
+from support.reports import evaluation_report
 
 from compressflow.errors import InputError, PublishError
 from compressflow.flows.checks import resolve_inputs
 from compressflow.flows.validate import validate
 from compressflow.inputs import RunArgs
 from compressflow.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
+from compressflow.results import Verification
 from compressflow.store import manifest as store
+from compressflow.store.identity import file_digests
+from compressflow.store.locks import lock_path
 from compressflow.store.manifest import (
+    CARD,
     MANIFEST,
     Manifest,
     ManifestResult,
     check_apart,
     check_output_path,
     check_target,
+    find_published,
+    hashed_files,
     leftover_owner,
     remove_leftovers,
     seal,
@@ -36,10 +44,12 @@ DATA = DatasetArgs(dataset_name="python_docs", text_samples=8, max_seq_len=64)
 
 
 def an_output(folder: Path, scheme: str = "W4A16", listed: bool = True) -> Path:
-    """A folder as compressflow publishes it: a checkpoint file and our manifest, which lists
-    them."""
+    """A folder as compressflow publishes it: a checkpoint, its recipe, a card and our manifest,
+    which lists them and records the checkpoint's and recipe's sha256."""
     folder.mkdir(parents=True)
     (folder / "model.safetensors").write_text("an earlier output")
+    (folder / "recipe.yaml").write_text("quant_stage: {}\n")
+    (folder / CARD).write_text("# made by compressflow\n")
     result = ManifestResult(
         run_key="k",
         model_identity="sha256:x",
@@ -58,8 +68,10 @@ def an_output(folder: Path, scheme: str = "W4A16", listed: bool = True) -> Path:
         libraries={},
         stages=[],
         peak_rss_mb=0.0,
+        verification=Verification(passed=True, checks=[]),
         # Manifests before compressflow recorded what it published do not list it.
-        files=[MANIFEST, "model.safetensors"] if listed else None,
+        files=[CARD, MANIFEST, "model.safetensors", "recipe.yaml"] if listed else None,
+        file_sha256=file_digests(folder, hashed_files(folder)) if listed else None,
     )
     write_manifest(folder, manifest)
     return folder
@@ -332,6 +344,181 @@ def test_a_tokenizer_file_linking_out_of_the_model_folder_is_not_published(tmp_p
         copy_preprocessing_files(source, staging)
         assert sorted(p.name for p in staging.iterdir()) == published
         assert not any(p.is_symlink() for p in staging.iterdir())
+
+
+# --- A reused output is the one published --------------------------------------------------
+
+
+def changed_byte(folder: Path) -> None:
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[3] ^= 1
+    weights.write_bytes(bytes(data))
+
+
+def same_bytes_new_inode(folder: Path) -> None:  # a copy back in place, as rsync or cp leave it
+    weights = folder / "model.safetensors"
+    data = weights.read_bytes()
+    weights.unlink()
+    weights.write_bytes(data)
+
+
+def link_to_same_bytes(folder: Path) -> None:
+    copy = folder.parent / "copy.safetensors"
+    shutil.copy(folder / "model.safetensors", copy)
+    (folder / "model.safetensors").unlink()
+    (folder / "model.safetensors").symlink_to(copy)
+
+
+def replaced_by(kind):
+    def replace(folder: Path) -> None:
+        weights = folder / "model.safetensors"
+        weights.unlink()
+        os.mkfifo(weights) if kind == "fifo" else weights.mkdir()
+
+    return replace
+
+
+WEIGHTS = "model.safetensors"
+NOTES = "notes.txt"
+CHANGES = {
+    "one byte": (changed_byte, f"{WEIGHTS}: other bytes"),
+    "truncated": (lambda f: (f / WEIGHTS).write_bytes(b""), f"{WEIGHTS}: other bytes"),
+    "removed": (lambda f: (f / WEIGHTS).unlink(), f"{WEIGHTS}: missing"),
+    # The link's target is not the folder's to keep: it may change under it.
+    "a link to the same bytes": (link_to_same_bytes, f"{WEIGHTS}: no longer a plain file"),
+    "a FIFO": (replaced_by("fifo"), f"{WEIGHTS}: no longer a plain file"),  # never opened
+    "a folder": (replaced_by("folder"), f"{WEIGHTS}: no longer a plain file"),
+    "the recipe edited": (
+        lambda f: (f / "recipe.yaml").write_text("x: 1\n"),
+        "recipe.yaml: other bytes",
+    ),
+    # vLLM loads every *.safetensors of a folder without an index: a stray one is loaded too.
+    "a file added": (
+        lambda f: (f / "extra.safetensors").write_bytes(b"{}"),
+        "extra.safetensors: added",
+    ),
+    "the card a FIFO": (
+        lambda f: ((f / CARD).unlink(), os.mkfifo(f / CARD)),
+        f"{CARD}: no longer a plain file",
+    ),
+}
+
+
+@pytest.mark.parametrize("change, found", CHANGES.values(), ids=CHANGES.keys())
+def test_an_output_that_changed_since_publishing_is_not_reused(tmp_path, change, found):
+    target = an_output(tmp_path / "out")
+    assert find_published(target, "k").reused
+    change(target)
+    before = entries(target)
+    assert find_published(target, "k") is None
+    with pytest.raises(PublishError) as raised:
+        check_target(target, "k", overwrite=False)
+    message = str(raised.value)
+    assert f"from these same inputs, but it changed since ({found}): not what" in message
+    assert "Fix: set output.overwrite: true to calibrate and publish it anew" in message
+    if "added" not in found:
+        check_target(target, "k", overwrite=True)  # ours, as published: replaceable
+    else:  # replacing it would delete the file added
+        with pytest.raises(PublishError, match="replacing it would delete them"):
+            check_target(target, "k", overwrite=True)
+    assert entries(target) == before
+
+
+def entries(folder: Path) -> dict[str, int]:
+    """Every entry's name and mode, links not followed: a FIFO is never opened."""
+    return {str(p.relative_to(folder)): p.lstat().st_mode for p in folder.rglob("*")}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [same_bytes_new_inode, lambda f: (f / CARD).write_text("# made by compressflow\n\n## Eval\n")],
+    ids=["same bytes, new inode", "the card edited"],
+)
+def test_an_output_is_reused_while_it_holds_the_bytes_published(tmp_path, change):
+    target = an_output(tmp_path / "out")
+    change(target)
+    assert find_published(target, "k").reused
+    check_target(target, "k", overwrite=False)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda m: m.pop("file_sha256"),
+        lambda m: m["file_sha256"].pop(WEIGHTS),  # its weights then unchecked
+        lambda m: m.pop("files"),
+    ],
+    ids=["no hashes", "one hash dropped", "no file list"],
+)
+def test_an_output_whose_manifest_does_not_hash_each_file_is_not_reused(tmp_path, edit):
+    # An earlier version's output, or a manifest edited: its bytes cannot be checked.
+    target = an_output(tmp_path / "out")
+    manifest = json.loads((target / MANIFEST).read_text())
+    edit(manifest)
+    (target / MANIFEST).write_text(json.dumps(manifest))
+    changed_byte(target)
+    assert find_published(target, "k") is None
+    with pytest.raises(PublishError, match="does not record the sha256 of each of its files"):
+        check_target(target, "k", overwrite=False)
+
+
+def test_a_manifest_hashing_a_file_outside_its_folder_is_not_ours(tmp_path):
+    (tmp_path / "precious.txt").write_text("keep")
+    target = an_output(tmp_path / "out")
+    manifest = json.loads((target / MANIFEST).read_text())
+    manifest["file_sha256"]["../precious.txt"] = "0" * 64
+    (target / MANIFEST).write_text(json.dumps(manifest))
+    assert store.read_manifest(target) is None
+
+
+def republished(folder: Path) -> None:
+    earlier = store.read_manifest(folder)
+    write_manifest(folder, earlier.model_copy(update={"created_at": "2025-02-01T00:00:00+00:00"}))
+
+
+def held_by_another_run(folder: Path):
+    """A compress run republishing `folder`: it holds the folder's lock until the test's end."""
+    handle = open(lock_path(folder), "w")
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    return handle
+
+
+@pytest.mark.parametrize(
+    "meanwhile, why",
+    [
+        (republished, "it was published anew while this evaluation ran"),
+        (changed_byte, "it changed since it was published (model.safetensors: other bytes)"),
+        (held_by_another_run, "is still being written by another run"),
+    ],
+    ids=["republished", "a file changed", "being republished"],
+)
+def test_an_evaluation_is_recorded_only_in_the_folder_it_scored(
+    tmp_path, caplog, monkeypatch, meanwhile, why
+):
+    from compressflow.flows import evaluate
+
+    monkeypatch.setattr(evaluate, "RECORD_WAIT_SECONDS", 0.1)
+    target = an_output(tmp_path / "out")
+    scored = store.read_manifest(target)
+    evaluate.record_evaluation(
+        target, scored, evaluation_report(str(target)), "base", "transformers"
+    )
+    assert store.read_manifest(target).evaluation == evaluation_report(str(target))
+    assert "## Evaluation" in (target / CARD).read_text()
+
+    other = an_output(tmp_path / "other")
+    scored = store.read_manifest(other)
+    still_held = meanwhile(other)
+    card, manifest = (other / CARD).read_text(), (other / MANIFEST).read_text()
+    with caplog.at_level("WARNING"):
+        evaluate.record_evaluation(
+            other, scored, evaluation_report(str(other)), "base", "transformers"
+        )
+    assert (other / CARD).read_text() == card and (other / MANIFEST).read_text() == manifest
+    assert f"Not recorded in {other}" in caplog.text and why in caplog.text
+    if still_held:
+        still_held.close()
 
 
 # --- Clean after a crash ---------------------------------------------------------------------
