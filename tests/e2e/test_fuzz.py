@@ -74,6 +74,13 @@ def test_worker_settings(env, case):
     fuzz.run_settings(env, case)
 
 
+@fuzz.seeded(20)
+@given(case=fuzz.published_cases())
+def test_published_outputs_changed_since(env, w4a16_run, case):
+    env.published = w4a16_run  # the session's one W4A16 run: no calibration of its own
+    fuzz.run_published(env, case)
+
+
 # Found with SmoothQuant between the two (refused now for its place, SMOOTHING_AFTER): the
 # quantizers alone are the case.
 TWO_QUANTIZERS = """\

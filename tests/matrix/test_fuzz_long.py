@@ -4,8 +4,8 @@ have held every tensor of the original tiny model, byte for byte, where the load
 it: a mutated, incomplete source must be refused, never published as verified.
 
 The fast part, and every case the fuzzer found, is tests/e2e/test_fuzz.py; the mutators and
-the property are tests/support/fuzz.py. About 2 minutes here: 363 cases through validate, 4
-checkpoints and 3 recipes through the whole flow.
+the property are tests/support/fuzz.py. About 2 minutes here: 423 cases through validate, 4
+checkpoints, 3 recipes and 3 published outputs through the whole flow.
 """
 
 from __future__ import annotations
@@ -47,7 +47,12 @@ class Budget:
 
 @pytest.fixture(scope="module")
 def flow_runs():
-    return {"checkpoint": Budget(FLOW_RUNS), "reindexed": Budget(FLOW_RUNS), "recipe": Budget(3)}
+    return {
+        "checkpoint": Budget(FLOW_RUNS),
+        "reindexed": Budget(FLOW_RUNS),
+        "recipe": Budget(3),
+        "published": Budget(3),
+    }
 
 
 def validate_then_flow(env, case, budget: Budget) -> None:
@@ -112,3 +117,12 @@ def test_the_whole_flow_ran(flow_runs):
 @given(case=fuzz.settings_cases())
 def test_worker_settings_long(env, case):
     fuzz.run_settings(env, case)
+
+
+@fuzz.seeded(60)
+@given(case=fuzz.published_cases())
+def test_published_outputs_changed_since_long(env, w4a16_run, flow_runs, case):
+    env.published = w4a16_run
+    ran = fuzz.run_published(env, case)
+    if not ran.outcome.refused and flow_runs["published"].take(case):
+        fuzz.run_published_flow(env, case)

@@ -1,8 +1,9 @@
 """The fuzzer (issue 39): inputs nobody here wrote, as a tired user or an attacker hands them to
 compress-model, and the one property every case is held to.
 
-Six kinds of input, one Hypothesis strategy each (`checkpoint_cases`, `tokenizer_cases`,
-`recipe_cases`, `data_cases`, `output_cases`, and the worker's environment: `settings_cases`).
+Seven kinds of input, one Hypothesis strategy each (`checkpoint_cases`, `tokenizer_cases`,
+`recipe_cases`, `data_cases`, `output_cases`, the worker's environment: `settings_cases`, and the
+output a rerun finds already published, changed since: `published_cases`).
 A case is a frozen dataclass whose repr is the Python that builds it, so a case the fuzzer found is pasted into an `@example(...)` as printed.
 `Case.prepare(env, root)` applies it to fresh copies in `root`, a folder of its own (the shared
 models in `FuzzEnv` are never mutated), and returns the parameter groups to call the flow with.
@@ -184,6 +185,9 @@ class FuzzEnv:
     messages: Path  # a valid chat-messages .jsonl
     # A torch checkpoint that needs weights_only=False (an unlisted global).
     pickle_bytes: bytes = field(repr=False)
+    # A finished compress run (conftest's SharedRun) whose output PublishedCase copies: set by
+    # the tests that draw those cases.
+    published: Any = field(default=None, repr=False)
 
     @classmethod
     def build(cls, tiny_model: Path, zoo_root: Path, tmp: Path, donors=("qwen3", "gpt_neox")):
@@ -1478,6 +1482,165 @@ def run_settings(env: FuzzEnv, case: SettingsCase) -> Ran:
                 f"{case!r}: the refusal does not name the variable: {text}"
             )
             assert snapshot(root) == before, f"{case!r}: refused, but wrote in its folder"
+        return Ran(case, outcome, params)
+
+
+# ---------------------------------------------------------------- a published output, changed since
+
+
+@dataclass(frozen=True)
+class PublishedCase:
+    """The output these very inputs publish, already at save_directory (a copy of a real run's),
+    with `mutations` applied: what a rerun finds after a corrupted copy, a hand edit, a tool
+    that wrote into the folder, an edited manifest. `overwrite` as given."""
+
+    mutations: tuple
+    overwrite: bool = False
+
+    def prepare(self, env: FuzzEnv, root: Path) -> tuple[dict, list[Path]]:
+        out = root / "out"
+        shutil.copytree(env.published.published.path, out, symlinks=True)
+        for mutation in self.mutations:
+            mutation.apply(out, env)
+        run = env.published.params
+        params = {name: run[name].model_dump() for name in run if name != "tracking"}
+        params["output"].update(save_directory=str(out), overwrite=self.overwrite)
+        return params, [root, Path(params["model"]["model_id"])]
+
+
+@dataclass(frozen=True)
+class Rehash:
+    """The manifest's sha256 of `file` edited: dropped (DELETE), wrong, of the wrong type, or
+    an entry for a file the folder never held. Never the file's new hash: a manifest edited to
+    match edited weights is a forgery, which no check inside the folder can tell."""
+
+    file: str
+    value: Any
+
+    def apply(self, model: Path, env: FuzzEnv) -> None:
+        manifest = model / "manifest.json"
+        try:
+            data = json.loads(manifest.read_bytes())
+        except (OSError, ValueError):  # an earlier mutation removed or broke it
+            return
+        hashes = data.get("file_sha256")
+        if not isinstance(hashes, dict):
+            return
+        if self.value == DELETE:
+            hashes.pop(self.file, None)
+        else:
+            hashes[self.file] = self.value
+        manifest.write_text(json.dumps(data, indent=2))
+
+
+PUBLISHED_FILES = [
+    "model.safetensors",
+    "config.json",
+    "recipe.yaml",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "chat_template.jinja",
+    "manifest.json",
+    "README.md",
+]
+MANIFEST_KEYS = ["file_sha256", "files", "result.run_key", "verification.passed", "created_at"]
+manifest_edits = st.one_of(
+    st.builds(
+        EditJson,
+        st.just("manifest.json"),
+        st.sampled_from(MANIFEST_KEYS),
+        st.sampled_from([DELETE, None, {}, [], "x", 0, True]),
+    ),
+    st.builds(
+        Rehash,
+        st.sampled_from([*PUBLISHED_FILES, "ghost.safetensors", "../escape", "/etc/passwd"]),
+        st.sampled_from([DELETE, "0" * 64, "", 5, None]),
+    ),
+)
+# Files a tool or a person leaves in a published folder: each a loader may read.
+added_files = st.builds(
+    Add,
+    st.sampled_from(
+        [
+            "model-00002-of-00002.safetensors",
+            "extra.safetensors",
+            "model.safetensors.index.json",
+            "pytorch_model.bin",
+            "adapter_config.json",
+            "notes.txt",
+            ".README.md.123.tmp",
+        ]
+    ),
+    st.sampled_from([b"{}", b"junk", "pickle"]),
+)
+
+
+@st.composite
+def published_cases(draw) -> PublishedCase:
+    one = st.one_of(file_mutations(PUBLISHED_FILES), manifest_edits, added_files)
+    return PublishedCase(
+        mutations=tuple(draw(st.lists(one, min_size=1, max_size=2))),
+        overwrite=draw(st.booleans()),
+    )
+
+
+def run_published(env: FuzzEnv, case: PublishedCase) -> Ran:
+    """`case` through `validate`, held to the property; and a folder `validate` says a run would
+    reuse holds exactly what was published: every file's bytes, as plain files, and no other."""
+    from compressflow.flows.validate import validate
+
+    original = Path(env.published.published.path)
+    with case_folder(env) as root, working_directory(root):
+        params, watched = case.prepare(env, root)
+        outcome = assert_refused_or_sound(lambda: validate(**params), case, watched)
+        if not outcome.refused and outcome.result.reuses_output:
+            assert_as_published(case, root / "out", original)
+        return Ran(case, outcome, params)
+
+
+def assert_as_published(case: Any, folder: Path, original: Path) -> None:
+    """`folder` holds what `original` was published with: the same entries, the same bytes, no
+    links (the manifest and card aside: later runs rewrite them, by design)."""
+    rewritten = ("manifest.json", "README.md")
+    held = {k: v for k, v in snapshot(folder).items() if k not in rewritten}
+    made = {k: v for k, v in snapshot(original).items() if k not in rewritten}
+    assert held == made, f"{case!r}: reused a folder that is not what was published"
+
+
+def run_published_flow(env: FuzzEnv, case: PublishedCase) -> Ran:
+    """`case` through the whole flow: refused as the property says (nothing in the case's folder
+    changed but the output's lock file); or reused, the folder as it was published; or published
+    anew, with overwrite: then the folder is exactly what its new manifest says was published."""
+    from compressflow.flows.compress import compress
+    from compressflow.store.manifest import changed_files, read_manifest
+
+    with case_folder(env) as root, working_directory(root):
+        params, _ = case.prepare(env, root)
+        out = root / "out"
+        before = snapshot(root)
+        started = time.perf_counter()
+        try:
+            result, error = compress(**params), None
+        except Exception as exc:  # the property judges every exception
+            result, error = None, exc
+        outcome = Outcome(error, result, time.perf_counter() - started)
+        assert outcome.seconds < COMPRESS_SECONDS, f"{case!r}: took {outcome.seconds:.0f} s"
+        lock = f".{out.name}.lock"
+        after = {k: v for k, v in snapshot(root).items() if k != lock}
+        if error is not None:
+            check_refusal(case, error)
+            assert after == before, f"{case!r}: refused, but its folder changed ({error})"
+        elif result.reused:
+            assert_as_published(case, out, Path(env.published.published.path))
+        else:
+            assert case.overwrite, f"{case!r}: replaced an output without overwrite"
+            assert changed_files(out, read_manifest(out)) == [], f"{case!r}: published unsound"
+
+            def outside(entries: dict[str, str]) -> dict[str, str]:
+                return {k: v for k, v in entries.items() if k.split(os.sep)[0] != out.name}
+
+            assert outside(after) == outside(before), f"{case!r}: wrote beside its output"
         return Ran(case, outcome, params)
 
 
