@@ -33,6 +33,13 @@ class FetchedModel(BaseModel):
     parameters: int | None = Field(default=None, description="From safetensors headers.")
     trust_remote_code: bool = False
     model_class: str = "AutoModelForCausalLM"
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        exclude=True,  # a run's own record, not the model's: kept out of manifests and logs
+        description="Each file of the folder -> its size, times and inode, taken before it was "
+        "hashed or read: publish refuses when one changed since (the source was written while "
+        "the run read it; store.identity.changed_since).",
+    )
 
     def exists(self) -> bool:
         return Path(self.path, "config.json").exists()

@@ -30,7 +30,7 @@ from compressflow.results import FetchedModel
 from compressflow.runtime.isolation import in_child
 from compressflow.store.caching import CACHE_EXPIRATION, LocalSourceAware
 from compressflow.store.disk_space import folder_size
-from compressflow.store.identity import content_hash
+from compressflow.store.identity import content_hash, file_stats
 
 
 def hub_token(block_name: str) -> str | None:
@@ -91,6 +91,7 @@ def fetch(args: ModelArgs, weights: bool = True) -> FetchedModel:
     # Every source: a local folder has passed them once already, before any child started
     # (flows/checks.py `precheck`); a download is first checked here, once it is on disk.
     check_folder(path, args, weights or source != "hub")
+    files = file_stats(path)  # before hashing: a write from here on shows at publishing
     if source == "hub":
         identity = f"hub:{args.model_id}@{revision_resolved}"
     elif source == "clearml":
@@ -108,6 +109,7 @@ def fetch(args: ModelArgs, weights: bool = True) -> FetchedModel:
         parameters=parameter_count(path),
         trust_remote_code=args.trust_remote_code,
         model_class=in_child(loading_class, path, args),
+        files=files,
     )
 
 

@@ -16,6 +16,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
+from compressflow.errors import InputError
 from compressflow.inputs import Inputs
 from compressflow.logs import run_logger
 from compressflow.reporting import tracking
@@ -29,6 +30,7 @@ from compressflow.reporting.model_card import CARD, card_body, model_card
 from compressflow.reporting.tradeoff import SVG_FILE, tradeoff_svg
 from compressflow.results import (
     Calibration,
+    FetchedModel,
     MemoryPlan,
     PublishedModel,
     StageRecord,
@@ -36,7 +38,7 @@ from compressflow.results import (
     Verification,
 )
 from compressflow.store.disk_space import disk_full_is_clear
-from compressflow.store.identity import file_digests, library_versions
+from compressflow.store.identity import changed_since, file_digests, library_versions
 from compressflow.store.manifest import (
     MANIFEST,
     Manifest,
@@ -104,6 +106,23 @@ def summarize_reused(published: PublishedModel) -> None:
     create_summary(published, read_manifest(Path(published.path)), published.stages)
 
 
+def check_source_unchanged(model: FetchedModel) -> None:
+    """Refuse to publish from a source folder written while the run read it (a new checkpoint
+    copied over the old, shard by shard): the weights calibrated may mix two versions, and the
+    manifest would name the one fetched."""
+    changed = changed_since(Path(model.path), model.files)
+    if changed:
+        more = ", ..." if len(changed) > 3 else ""
+        raise InputError(
+            "model.model_id",
+            f"{model.path} changed while this run read it ({', '.join(changed[:3])}{more} "
+            "written, replaced or removed since it was fetched): what was calibrated may mix two "
+            "versions of the model; nothing was published",
+            "rerun once nothing writes into that folder; to update a model in place, copy the "
+            "new one beside it and rename it into place, or give each version a folder of its own",
+        )
+
+
 @task(name="publish", cache_policy=NO_CACHE)
 def publish(
     inputs: Inputs,
@@ -148,6 +167,7 @@ def publish(
         memory_plan=plan,
         target=search,
     )
+    check_source_unchanged(model)
     with disk_full_is_clear(staging):
         (staging / "recipe.yaml").write_text(recipe.yaml)
         if search is not None and search.mix is not None:  # the card's chart, beside it

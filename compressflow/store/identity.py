@@ -122,12 +122,34 @@ def stat_signature(path: Path) -> str | None:
         return None
     digest = hashlib.sha256()
     for file in [path] if path.is_file() else _files(path):
-        s = file.stat()
-        digest.update(
-            f"{file.relative_to(path.parent)}:{s.st_size}:{s.st_mtime_ns}:{s.st_ctime_ns}:"
-            f"{s.st_ino}\n".encode()
-        )
+        digest.update(f"{file.relative_to(path.parent)}:{_stat(file)}\n".encode())
     return digest.hexdigest()
+
+
+def _stat(file: Path) -> str:
+    s = file.stat()
+    return f"{s.st_size}:{s.st_mtime_ns}:{s.st_ctime_ns}:{s.st_ino}"
+
+
+def file_stats(path: Path) -> dict[str, str]:
+    """Each file under the folder `path` -> its size, mtime, ctime and inode (`stat_signature`'s
+    parts, by file): what `changed_since` holds a folder to later."""
+    return {str(file.relative_to(path)): _stat(file) for file in _files(path)}
+
+
+def changed_since(path: Path, stats: dict[str, str]) -> list[str]:
+    """The files of `stats` that are gone from `path`, or were written or replaced since. Files
+    added are not counted: a hub snapshot folder is shared, and another run may download into it
+    files this one never reads."""
+    changed = []
+    for name, then in sorted(stats.items()):
+        try:
+            now = _stat(path / name)
+        except OSError:  # removed, or a link that no longer leads anywhere
+            now = None
+        if now != then:
+            changed.append(name)
+    return changed
 
 
 CHUNK_BYTES = 1 << 20  # between two looks at `stop`: a millisecond of hashing

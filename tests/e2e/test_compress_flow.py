@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ import torch
 from support.recipes import SEED_GUIDE_W4A16
 from support.stand_ins import no_hardware_check
 
-from compressflow.errors import CalibrationError, PublishError, VerificationError
+from compressflow.errors import CalibrationError, InputError, PublishError, VerificationError
 from compressflow.flows.compress import compress
 from compressflow.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs, VerifyArgs
 
@@ -206,6 +208,38 @@ def test_an_output_whose_weights_changed_since_publishing_is_published_anew_not_
     republished = compress(**{**params, "output": output.model_copy(update={"overwrite": True})})
     assert_published_whole(republished, folder)
     assert republished.run_key == w4a16_run.published.run_key
+
+
+def test_a_source_written_while_the_run_reads_it_is_not_published(tiny_model, tmp_path):
+    source = tmp_path / "model"
+    shutil.copytree(tiny_model, source)
+    calibrating = threading.Event()
+
+    def new_checkpoint_copied_over() -> None:
+        # A real writer, racing the run: once calibration has begun (its staging folder is
+        # there), a newer generation_config.json lands in the source, as a copy of a newer
+        # checkpoint over the old one would.
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob(".out.staging-*")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (source / "generation_config.json").write_text('{"do_sample": true}')
+        calibrating.set()
+
+    writer = threading.Thread(target=new_checkpoint_copied_over, daemon=True)
+    writer.start()
+    with pytest.raises(InputError) as raised:
+        compress(
+            model=ModelArgs(model_id=str(source)),
+            dataset=small_data(),
+            recipe=RecipeArgs(recipe="W8A8"),
+            output=OutputArgs(save_directory=str(tmp_path / "out")),
+        )
+    writer.join()
+    assert calibrating.is_set()
+    message = str(raised.value)
+    assert message.startswith(f"model.model_id: {source} changed while this run read it")
+    assert "(generation_config.json written, replaced or removed since it was fetched)" in message
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no output, no staging left
 
 
 def test_output_holding_another_model_is_refused_before_calibration(tiny_model, tmp_path):

@@ -13,7 +13,7 @@ from support.models import HUB_SHA as SHA
 
 from compressflow.errors import ModelFetchError
 from compressflow.params import ModelArgs
-from compressflow.store.identity import content_hash, stat_signature
+from compressflow.store.identity import changed_since, content_hash, stat_signature
 from compressflow.tasks.fetch_model import fetch
 
 
@@ -55,6 +55,25 @@ def test_editing_a_local_folder_changes_identity_and_cache_signature(tiny_model,
     (folder / "generation_config.json").write_text("{}")
     after = (fetch(ModelArgs(model_id=str(folder))).identity, stat_signature(folder))
     assert before[0] != after[0] and before[1] != after[1]
+
+
+def test_a_fetched_folder_tells_which_of_its_files_changed_since(tiny_model, tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model, folder)
+    fetched = fetch(ModelArgs(model_id=str(folder)))
+    assert changed_since(folder, fetched.files) == [] and "model.safetensors" in fetched.files
+    assert "files" not in fetched.model_dump()  # the run's record, not the model's
+    (folder / "config.json").write_text((folder / "config.json").read_text() + " ")  # written
+    (folder / "tokenizer.json").unlink()
+    # Replaced with the same bytes (a copy renamed over it): a new file all the same.
+    shutil.copy(folder / "generation_config.json", tmp_path / "copy.json")
+    os.replace(tmp_path / "copy.json", folder / "generation_config.json")
+    (folder / "extra.bin").write_text("another run's download: not read by this one")
+    assert changed_since(folder, fetched.files) == [
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+    ]
 
 
 def test_hub_id_resolves_to_the_cached_commit_sha(hub_cache):
