@@ -189,7 +189,19 @@ def evaluate(
     require_vllm("engine", engine == "vllm", "set engine to transformers")
     compressed_path = resolve_compressed(compressed)
     manifest = read_manifest(compressed_path)
-    base = base or (manifest.base_model_args() if manifest else None)
+    recorded = manifest.base_model_args() if manifest and base is None else None
+    # A manifest is a file in a folder anyone may have made (outputs are shared on the hub with
+    # theirs): it may name the base, never have code run to load it.
+    if recorded is not None and recorded.trust_remote_code:
+        raise InputError(
+            "base",
+            f"the manifest of {compressed.model_id} names its base model {recorded.model_id} "
+            "with trust_remote_code: true, and evaluate-model runs no code a file it reads asks "
+            "for",
+            "pass base.model_id yourself, with base.trust_remote_code: true if you trust that "
+            "model's code",
+        )
+    base = base or recorded
     if base is None:
         raise InputError(
             "base",

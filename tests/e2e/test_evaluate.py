@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
 
-from compressflow.errors import ModelFetchError, QualityThresholdExceeded
+from compressflow.errors import InputError, ModelFetchError, QualityThresholdExceeded
 from compressflow.flows.evaluate import evaluate
 from compressflow.params import (
     DatasetArgs,
@@ -105,6 +106,23 @@ def test_held_out_text_leaves_out_the_calibration_samples(compressed, tiny_model
     assert held_out.excluded_calibration_samples == 16
     assert len(held_out.input_ids) == 16
     assert not {tuple(ids) for ids in held_out.input_ids} & {tuple(ids) for ids in calibrated}
+
+
+def test_a_manifest_never_asks_to_run_its_base_models_code(compressed, tmp_path):
+    # An output shared on the hub carries its manifest: one that names, as its base, a model
+    # with code of its own (here, its own folder) must not get that code run by an evaluation.
+    shared = tmp_path / "downloaded"
+    shutil.copytree(compressed, shared)
+    manifest = json.loads((shared / "manifest.json").read_text())
+    manifest["inputs"]["model"].update(model_id=str(shared), trust_remote_code=True)
+    (shared / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(InputError) as raised:
+        evaluate(compressed=ModelArgs(model_id=str(shared)), held_out=FEW)
+    assert str(raised.value) == (
+        f"base: the manifest of {shared} names its base model {shared} with trust_remote_code: "
+        "true, and evaluate-model runs no code a file it reads asks for. Fix: pass base.model_id "
+        "yourself, with base.trust_remote_code: true if you trust that model's code"
+    )
 
 
 def test_gate_fails_the_run_when_a_threshold_is_passed(compressed):
