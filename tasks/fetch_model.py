@@ -19,6 +19,7 @@ from compressflow.errors import ModelFetchError
 from compressflow.logs import run_logger
 from compressflow.model.checkpoint import (
     check_folder,
+    check_has_weights,
     loading_class,
     local_folder,
     parameter_count,
@@ -141,20 +142,29 @@ def fetch_model(args: ModelArgs, weights: bool = True) -> FetchedModel:
 
 
 def resolve_compressed(args: ModelArgs) -> Path:
-    """The compressed model's local folder: a path, a ClearML model id, or a hub id.
+    """The compressed model's local folder (a path, a ClearML model id, or a hub id), held to
+    the same checks as a source folder but for being quantized: a folder missing its weights
+    or with a config cut off is refused here, naming `compressed`, not in a stage as a defect.
 
     Not `fetch`: that refuses quantized models, which is exactly what is evaluated here.
     """
     if args.clearml_model:
-        return from_clearml(args)
-    local = Path(args.model_id).expanduser()
-    if local.exists():
-        return local.resolve()
-    if args.model_id.startswith((".", "/", "~")):
+        path = from_clearml(args)
+    elif (local := Path(args.model_id).expanduser()).exists():
+        path = local.resolve()
+    elif args.model_id.startswith((".", "/", "~")):
         raise ModelFetchError(
             "compressed.model_id",
             f"{args.model_id} does not exist on this worker",
             "publish to storage every worker mounts (see the OutputSettings block), or pass a "
             "ClearML model id with clearml_model: true",
         )
-    return fetch_from_hub(args, hub_token(args.hub_token_block))[0]
+    else:
+        path = fetch_from_hub(args, hub_token(args.hub_token_block))[0]
+    try:
+        check_folder(path, args, quantized=True)
+        check_has_weights(path)  # after check_folder: pickle-only weights are refused there
+    except ModelFetchError as exc:  # its checks name the compress flow's field
+        field = exc.field.replace("model.", "compressed.", 1)
+        raise type(exc)(field, exc.problem, exc.fix) from None
+    return path

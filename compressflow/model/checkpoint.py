@@ -235,9 +235,10 @@ def load_model_json(file: Path):
         ) from None
 
 
-def check_config(path: Path, args: ModelArgs) -> dict:
+def check_config(path: Path, args: ModelArgs, quantized: bool = False) -> dict:
     """Refuse, from config.json alone, models that would fail only after their weights load;
-    returns the config."""
+    returns the config. `quantized`: the folder is a compressed model (evaluate-model's), whose
+    quantization_config is expected."""
     config_file = path / "config.json"
     if not config_file.is_file():
         raise ModelFetchError(
@@ -277,7 +278,7 @@ def check_config(path: Path, args: ModelArgs) -> dict:
             "set trust_remote_code: true if you trust this repository's code",
         )
     quantization = config.get("quantization_config") or config.get("compression_config")
-    if quantization:
+    if quantization and not quantized:
         named = quantization if isinstance(quantization, dict) else {}
         method = named.get("quant_method") or named.get("format") or "unknown"
         raise ModelFetchError(
@@ -577,17 +578,20 @@ def check_pickle_weights(path: Path) -> None:
     )
 
 
-def check_folder(path: Path, args: ModelArgs, weights: bool = True) -> dict:
+def check_folder(
+    path: Path, args: ModelArgs, weights: bool = True, quantized: bool = False
+) -> dict:
     """Every check of a model folder that needs no library, cheapest first: the folder and the
     files the loaders open readable, every JSON file and chat template parsed, what loading
     could execute (auto_map, pickle weights), the tokenizer there, the safetensors headers whole
     and the config's sizes against them. Returns config.json's settings.
 
     `weights=False`: a hub model fetched without its weight files (validation), whose index
-    names shards not downloaded: the weight files' checks wait for the run, which fetches them."""
+    names shards not downloaded: the weight files' checks wait for the run, which fetches them.
+    `quantized`: a compressed model, as evaluate-model reads one."""
     check_readable(path)
     check_files(path)
-    config = check_config(path, args)
+    config = check_config(path, args, quantized)
     settings = check_json_files(path)
     check_remote_code(path, settings, args)
     check_templates(path, settings)
@@ -846,6 +850,18 @@ def check_index(path: Path) -> None:
             f"{index} does not list {len(unlisted)} tensor(s) its shards hold: "
             f"{'; '.join(where)}{and_more(unlisted)}",
             fix,
+        )
+
+
+def check_has_weights(path: Path) -> None:
+    """Refuse a folder without a safetensors file, where a model is read now (not validated
+    ahead of a fetch of its weights): transformers says only that it found no file to load."""
+    if not any(path.glob("*.safetensors")):
+        raise ModelFetchError(
+            "model.model_id",
+            f"{path} holds no weights: no .safetensors file",
+            "point model_id at the folder that holds the model's weights, or publish or "
+            "download it again",
         )
 
 

@@ -22,6 +22,7 @@ from support.fuzz import (
     EditJson,
     Junk,
     OutputCase,
+    PublishedCase,
     RecipeCase,
     Reindex,
     Remove,
@@ -79,6 +80,13 @@ def test_worker_settings(env, case):
 def test_published_outputs_changed_since(env, w4a16_run, case):
     env.published = w4a16_run  # the session's one W4A16 run: no calibration of its own
     fuzz.run_published(env, case)
+
+
+@fuzz.seeded(8)
+@given(case=fuzz.published_cases())
+def test_published_outputs_changed_since_evaluated(env, w4a16_run, case):
+    env.published = w4a16_run
+    fuzz.run_evaluated(env, case)
 
 
 # Found with SmoothQuant between the two (refused now for its place, SMOOTHING_AFTER): the
@@ -263,6 +271,36 @@ def test_found_cases_stay_refused(env, case, found, refusal):
     assert ran.outcome.refused, f"{case!r} passes again; it was found as: {found}"
     if error_type is not None:
         assert isinstance(ran.outcome.error, error_type), ran.outcome.error
+    assert words in str(ran.outcome.error)
+
+
+# Found giving changed outputs to evaluate-model as `compressed` (run_evaluated): refused now,
+# naming `compressed`, before any stage.
+FOUND_EVALUATED = [
+    (
+        PublishedCase((Remove("model.safetensors"),)),
+        "StageDefect of compare models: OSError: Error no file named model.safetensors, or "
+        "pytorch_model.bin (the compressed folder was never checked as a source folder is)",
+        "holds no weights",
+    ),
+    (
+        PublishedCase((Junk("config.json", b"\x89PNG\r\n\x1a\n", "replace"),)),
+        "StageDefect of compare models: OSError: It looks like the config file ... is not a "
+        "valid JSON file",
+        "is not UTF-8 text",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "case, found, words", FOUND_EVALUATED, ids=[f"evaluated-{n}" for n in range(2)]
+)
+def test_found_evaluated_cases_stay_refused(env, w4a16_run, case, found, words):
+    env.published = w4a16_run
+    ran = fuzz.run_evaluated(env, case)
+    assert ran.outcome.refused, f"{case!r} is scored again; it was found as: {found}"
+    assert isinstance(ran.outcome.error, ModelFetchError), ran.outcome.error
+    assert str(ran.outcome.error).startswith("compressed.model_id: ")
     assert words in str(ran.outcome.error)
 
 

@@ -4,8 +4,9 @@ have held every tensor of the original tiny model, byte for byte, where the load
 it: a mutated, incomplete source must be refused, never published as verified.
 
 The fast part, and every case the fuzzer found, is tests/e2e/test_fuzz.py; the mutators and
-the property are tests/support/fuzz.py. About 2 minutes here: 423 cases through validate, 4
-checkpoints, 3 recipes and 3 published outputs through the whole flow.
+the property are tests/support/fuzz.py. About 3 minutes here: 423 cases through validate, 4
+checkpoints, 3 recipes and 3 published outputs through the whole flow, 30 published outputs
+through evaluate-model.
 """
 
 from __future__ import annotations
@@ -126,3 +127,12 @@ def test_published_outputs_changed_since_long(env, w4a16_run, flow_runs, case):
     ran = fuzz.run_published(env, case)
     if not ran.outcome.refused and flow_runs["published"].take(case):
         fuzz.run_published_flow(env, case)
+
+
+# The same outputs given to evaluate-model (about 1 s each): refused, or scored; its results are
+# written into a folder only while it holds what was published.
+@fuzz.seeded(30)
+@given(case=fuzz.published_cases())
+def test_published_outputs_changed_since_evaluated_long(env, w4a16_run, case):
+    env.published = w4a16_run
+    fuzz.run_evaluated(env, case)

@@ -3,7 +3,8 @@ compress-model, and the one property every case is held to.
 
 Seven kinds of input, one Hypothesis strategy each (`checkpoint_cases`, `tokenizer_cases`,
 `recipe_cases`, `data_cases`, `output_cases`, the worker's environment: `settings_cases`, and the
-output a rerun finds already published, changed since: `published_cases`).
+output a rerun finds already published, changed since: `published_cases`, which also go to
+evaluate-model as `compressed`: `run_evaluated`).
 A case is a frozen dataclass whose repr is the Python that builds it, so a case the fuzzer found is pasted into an `@example(...)` as printed.
 `Case.prepare(env, root)` applies it to fresh copies in `root`, a folder of its own (the shared
 models in `FuzzEnv` are never mutated), and returns the parameter groups to call the flow with.
@@ -40,7 +41,7 @@ import yaml
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from compressflow.errors import CompressflowError
+from compressflow.errors import CompressflowError, QualityThresholdExceeded
 from compressflow.registries.presets import PRESETS
 
 # ---------------------------------------------------------------- the property
@@ -1642,6 +1643,38 @@ def run_published_flow(env: FuzzEnv, case: PublishedCase) -> Ran:
 
             assert outside(after) == outside(before), f"{case!r}: wrote beside its output"
         return Ran(case, outcome, params)
+
+
+def run_evaluated(env: FuzzEnv, case: PublishedCase) -> Ran:
+    """The changed output given to evaluate-model as `compressed`: refused as the property says,
+    the folder as it was; or scored, and its results written into its card and manifest only
+    when the folder holds what was published (`record_evaluation`), nothing else written."""
+    from compressflow.flows.evaluate import evaluate
+
+    original = Path(env.published.published.path)
+    with case_folder(env) as root, working_directory(root):
+        case.prepare(env, root)
+        out = root / "out"
+        before = snapshot(root)
+        started = time.perf_counter()
+        try:
+            result, error = evaluate(compressed={"model_id": str(out)}, held_out=HELD_OUT), None
+        except Exception as exc:  # the property judges every exception
+            result, error = None, exc
+        outcome = Outcome(error, result, time.perf_counter() - started)
+        if error is not None:
+            check_refusal(case, error)
+        after = snapshot(root)
+        written = {name for name in set(before) | set(after) if before.get(name) != after.get(name)}
+        recorded = {f"out{os.sep}manifest.json", f"out{os.sep}README.md"}
+        assert written <= recorded, f"{case!r}: wrote {sorted(written - recorded)[:4]}"
+        if written:
+            assert error is None or isinstance(error, QualityThresholdExceeded), case
+            assert_as_published(case, out, original)
+        return Ran(case, outcome, {})
+
+
+HELD_OUT = {"samples": 4, "max_seq_len": 32}
 
 
 # ---------------------------------------------------------------- running a case
