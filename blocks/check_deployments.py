@@ -14,41 +14,62 @@ deployed: prefect.yaml is deployed as one.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import hashlib
+import os
 import re
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
-from prefect.client.orchestration import get_client
-from prefect.exceptions import ObjectNotFound
-from prefect.settings import PREFECT_API_URL
-
-from compressflow.blocks.clearml_settings import ClearMLSettings
-from compressflow.blocks.output_settings import OutputSettings
-from compressflow.blocks.register import CLEARML_BLOCK, HUB_TOKEN_BLOCK, OUTPUT_BLOCK
 
 SECRET = "secret"
-CLEARML = ClearMLSettings.get_block_type_slug()
-OUTPUT = OutputSettings.get_block_type_slug()
-TYPE_NAMES = {
-    SECRET: "Secret",
-    CLEARML: ClearMLSettings.get_block_type_name(),
-    OUTPUT: OutputSettings.get_block_type_name(),
-}
-# Parameters that hold a block's name, by the type of block they name.
-NAME_PARAMETERS = {"hub_token_block": SECRET, "clearml_block": CLEARML}
 TEMPLATE = re.compile(r"\{\{\s*prefect\.blocks\.([^.\s}]+)\.([^.\s}]+)")
 REGISTER = "python -m compressflow.blocks.register"
-# What `register` saves, and from what; any other block is made by hand.
-REGISTERED = {
-    (SECRET, HUB_TOKEN_BLOCK): f"HF_TOKEN=... {REGISTER}",
-    (CLEARML, CLEARML_BLOCK): "CLEARML_API_HOST=... CLEARML_API_ACCESS_KEY=... "
-    f"CLEARML_API_SECRET_KEY=... {REGISTER}",
-    (OUTPUT, OUTPUT_BLOCK): f"{REGISTER} (--output-dir DIR)",
-}
+# `prefect deploy --all` runs the build step once per deployment, and each run checks every
+# deployment of the file: with --once-per-deploy, the first run of a deploy leaves a mark, the
+# others find it (for this long at most) and exit before importing Prefect. Six runs took 12 of
+# a deploy's 16 s.
+MARK_SECONDS = 600
+MARK_PREFIX = "compressflow-blocks-checked-"
+
+
+@dataclass(frozen=True)
+class BlockTypes:
+    """The block vocabulary, from the block classes (importing them imports Prefect)."""
+
+    name_parameters: dict[str, str]  # parameters that hold a block's name -> the type's slug
+    type_names: dict[str, str]  # slug -> the type's display name
+    registered: dict[tuple[str, str], str]  # what `register` saves, and from what
+
+
+@functools.cache
+def block_types() -> BlockTypes:
+    from compressflow.blocks.clearml_settings import ClearMLSettings
+    from compressflow.blocks.output_settings import OutputSettings
+    from compressflow.blocks.register import CLEARML_BLOCK, HUB_TOKEN_BLOCK, OUTPUT_BLOCK
+
+    clearml, output = ClearMLSettings.get_block_type_slug(), OutputSettings.get_block_type_slug()
+    return BlockTypes(
+        name_parameters={"hub_token_block": SECRET, "clearml_block": clearml},
+        type_names={
+            SECRET: "Secret",
+            clearml: ClearMLSettings.get_block_type_name(),
+            output: OutputSettings.get_block_type_name(),
+        },
+        registered={
+            (SECRET, HUB_TOKEN_BLOCK): f"HF_TOKEN=... {REGISTER}",
+            (clearml, CLEARML_BLOCK): "CLEARML_API_HOST=... CLEARML_API_ACCESS_KEY=... "
+            f"CLEARML_API_SECRET_KEY=... {REGISTER}",
+            (output, OUTPUT_BLOCK): f"{REGISTER} (--output-dir DIR)",
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -60,8 +81,9 @@ class Reference:
 
     def missing(self, api_url: str) -> str:
         """The message for this block not existing on `api_url`, with the fix."""
-        type_name = TYPE_NAMES.get(self.block_type, self.block_type)
-        create = REGISTERED.get(
+        types = block_types()
+        type_name = types.type_names.get(self.block_type, self.block_type)
+        create = types.registered.get(
             (self.block_type, self.name),
             f"create a {type_name} block named {self.name!r} (UI: Blocks > +)",
         )
@@ -90,7 +112,7 @@ def references(config: dict) -> list[Reference]:
     for deployment in config.get("deployments") or []:
         name = deployment.get("name", "?")
         for path, value in walk(deployment.get("parameters") or {}):
-            block_type = NAME_PARAMETERS.get(path.rsplit(".", 1)[-1])
+            block_type = block_types().name_parameters.get(path.rsplit(".", 1)[-1])
             if block_type and isinstance(value, str) and value:  # "": no block, HF_TOKEN etc.
                 found.append(Reference(name, f"parameter {path}", block_type, value))
         for path, value in walk(deployment):
@@ -105,6 +127,10 @@ def references(config: dict) -> list[Reference]:
 
 def missing_blocks(prefect_file: Path) -> list[str]:
     """One message per block a deployment in `prefect_file` names that the server lacks."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+    from prefect.settings import PREFECT_API_URL
+
     found = references(yaml.safe_load(prefect_file.read_text()) or {})
     api_url = PREFECT_API_URL.value() or "the Prefect API"
     problems, exists = [], {}
@@ -129,11 +155,34 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m compressflow.blocks.check_deployments", description=__doc__.split("\n")[0]
     )
     parser.add_argument("prefect_file", nargs="?", default="prefect.yaml", type=Path)
-    problems = missing_blocks(parser.parse_args(argv).prefect_file)
+    parser.add_argument(
+        "--once-per-deploy",
+        action="store_true",
+        help="as prefect.yaml's build step: skip when the deploy that runs it (the parent "
+        "process) has checked the same file already",
+    )
+    options = parser.parse_args(argv)
+    mark = deploy_mark(options.prefect_file) if options.once_per_deploy else None
+    if mark and mark.exists() and time.time() - mark.stat().st_mtime < MARK_SECONDS:
+        return
+    problems = missing_blocks(options.prefect_file)
     for problem in problems:
         print(problem, file=sys.stderr)
     if problems:
         sys.exit(1)
+    if mark:
+        for stale in mark.parent.glob(f"{MARK_PREFIX}*"):  # earlier deploys' marks
+            with contextlib.suppress(FileNotFoundError):  # another deploy removed it first
+                if time.time() - stale.stat().st_mtime >= MARK_SECONDS:
+                    stale.unlink()
+        mark.touch()
+
+
+def deploy_mark(prefect_file: Path) -> Path:
+    """Where a deploy (the process that runs this as a build step: our parent) marks the file
+    as checked, with its text: an edit, or another deploy, checks again."""
+    digest = hashlib.sha256(prefect_file.read_bytes()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"{MARK_PREFIX}{os.getppid()}-{digest}"
 
 
 if __name__ == "__main__":
