@@ -243,8 +243,9 @@ def changed_files(folder: Path, manifest: Manifest) -> list[str] | None:
     for name, digest in digests.items():
         if digest != manifest.file_sha256[name]:
             found[name] = "other bytes"
-    for name in [CARD, MANIFEST]:
-        if (folder / name).is_symlink() or not_regular(folder / name):
+    for name in [CARD, MANIFEST]:  # rewritten by later runs, so not hashed; a card removed is
+        path = folder / name  # no change to the model
+        if os.path.lexists(path) and (path.is_symlink() or not_regular(path)):
             found[name] = "no longer a plain file"
     for name in not_published(folder, manifest):
         found[name] = "added"

@@ -432,8 +432,12 @@ def entries(folder: Path) -> dict[str, int]:
 
 @pytest.mark.parametrize(
     "change",
-    [same_bytes_new_inode, lambda f: (f / CARD).write_text("# made by compressflow\n\n## Eval\n")],
-    ids=["same bytes, new inode", "the card edited"],
+    [
+        same_bytes_new_inode,
+        lambda f: (f / CARD).write_text("# made by compressflow\n\n## Eval\n"),
+        lambda f: (f / CARD).unlink(),
+    ],
+    ids=["same bytes, new inode", "the card edited", "the card removed"],
 )
 def test_an_output_is_reused_while_it_holds_the_bytes_published(tmp_path, change):
     target = an_output(tmp_path / "out")
