@@ -20,7 +20,13 @@ import time
 from pathlib import Path
 
 from compressflow.store.identity import file_digests
-from compressflow.store.manifest import MANIFEST, Manifest, ManifestResult, changed_files
+from compressflow.store.manifest import (
+    MANIFEST,
+    Manifest,
+    ManifestResult,
+    changed_files,
+    write_manifest,
+)
 
 SHARD_BYTES = 512 << 20
 # Published sizes of W4A16 outputs (4-bit weights, group scales, 16-bit embeddings and head),
@@ -94,6 +100,7 @@ def main() -> None:
     try:
         names = build(folder, options.gb)
         manifest = manifest_of(folder, names)  # also the first read: the cache is warm after
+        write_manifest(folder, manifest)
         assert changed_files(folder, manifest) == []
         read = timed(lambda: read_only(folder, names), options.repeats)
         check = timed(lambda: changed_files(folder, manifest), options.repeats)
