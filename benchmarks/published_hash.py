@@ -35,7 +35,6 @@ OUTPUTS_GB = {"1B": 1.0, "8B": 5.7, "70B": 40.0}
 
 
 def build(folder: Path, gb: float) -> list[str]:
-    folder.mkdir(parents=True)
     names, left = [], int(gb * (1 << 30))
     while left > 0:
         name = f"model-{len(names) + 1:05d}.safetensors"
@@ -97,6 +96,7 @@ def main() -> None:
     options = parser.parse_args()
     root = Path(options.workdir or tempfile.mkdtemp(prefix="published-hash-"))
     folder = root / "out"
+    folder.mkdir(parents=True)  # refuses a folder already there: only what this made is removed
     try:
         names = build(folder, options.gb)
         manifest = manifest_of(folder, names)  # also the first read: the cache is warm after
@@ -105,7 +105,7 @@ def main() -> None:
         read = timed(lambda: read_only(folder, names), options.repeats)
         check = timed(lambda: changed_files(folder, manifest), options.repeats)
     finally:
-        shutil.rmtree(root if not options.workdir else folder, ignore_errors=True)
+        shutil.rmtree(folder if options.workdir else root, ignore_errors=True)
     per_gb = check / options.gb
     print(f"{options.gb:g} GB in {len(names)} files, {os.cpu_count()} CPUs")
     print(f"  read once, no hash:   {read:.2f} s ({options.gb / read:.2f} GB/s)")
