@@ -1,12 +1,13 @@
 """The calibration dataset: samples, templates and tokenizes the rows, and saves them.
 
-Where rows come from and how they become text is `compressflow.data.text_sources`; image+text rows
-are `compressflow.data.vision`. Rows are sampled with `seed`, turned into text (chat messages
-through the model's chat template), tokenized without padding and truncated to `max_seq_len`, then
-saved with `save_to_disk` under `<folder>/<fingerprint>`. The fingerprint is a hash of the tokens,
-so the same data built twice lands in, and reuses, the same folder. The build dataset stage passes
-the folder (`$COMPRESSFLOW_CACHE_DIR/datasets`) and the fingerprint function
-(`dataset_fingerprint` of `compressflow.store.identity`): the data group imports no store module.
+Where rows come from and how they become text is `compressflow.data.text_sources`, the tokenizer
+`compressflow.data.tokenizer`; image+text rows are `compressflow.data.vision`. Rows are sampled
+with `seed`, turned into text (chat messages through the model's chat template), tokenized
+without padding and truncated to `max_seq_len`, then saved with `save_to_disk` under
+`<folder>/<fingerprint>`. The fingerprint is a hash of the tokens, so the same data built twice
+lands in, and reuses, the same folder. The build dataset stage passes the folder
+(`$COMPRESSFLOW_CACHE_DIR/datasets`) and the fingerprint function (`dataset_fingerprint` of
+`compressflow.store.identity`): the data group imports no store module.
 
 The held-out texts the evaluation scores (`held_out_text`) come from a source the same way, less
 the rows the calibration build drew from it when both read the same source.
@@ -20,14 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from compressflow.data.text_sources import (
-    load_source,
-    load_tokenizer,
-    row_formatter,
-    sample_texts,
-    tokenize,
-    tokenizer_identity,
-)
+from compressflow.data.text_sources import load_source, row_formatter, sample_texts
+from compressflow.data.tokenizer import load_tokenizer, tokenize, tokenizer_identity
 from compressflow.data.user_code import import_callable
 from compressflow.data.vision import load_vision_processor, model_inputs, process_vision_rows
 from compressflow.errors import DatasetError

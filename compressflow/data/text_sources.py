@@ -1,8 +1,9 @@
-"""Text sources: how rows are loaded, sampled, turned into text and tokenized.
+"""Text sources: how rows are loaded, sampled and turned into text.
 
 Shared by the calibration dataset (compressflow/data/build.py) and the held-out evaluation text
 (tasks/build_held_out.py), so evaluation can rebuild exactly the rows calibration drew and leave
-them out.
+them out. The tokenizer that renders chat rows and tokenizes the texts is
+`compressflow.data.tokenizer`.
 
 Sources, tried in this order:
 1. `dataset_loader` (`module:function`, imported, called with the DatasetArgs, must return a
@@ -21,20 +22,18 @@ from __future__ import annotations
 
 import codecs
 import difflib
-import hashlib
 import json
 import re
 import string
 from pathlib import Path
 from typing import Any, Callable
 
+from compressflow.data.tokenizer import render_messages
 from compressflow.data.user_code import import_callable
-from compressflow.errors import DatasetError, ModelFetchError, first_line
+from compressflow.errors import DatasetError
 from compressflow.limits import not_regular
-from compressflow.logs import run_logger
 from compressflow.params import DatasetArgs
-from compressflow.registries.datasets import ALIASES, SHAREGPT_ROLES, SHORTCUTS, lookup
-from compressflow.results import FetchedModel
+from compressflow.registries.datasets import ALIASES, SHORTCUTS, lookup
 from compressflow.settings import settings
 
 # Suffixes read as local files, and the `datasets` builder for each (.txt is read here).
@@ -66,39 +65,6 @@ FOLDER_FIX = (
     "find the unreadable file among the folder's data files (one bad file fails the folder), "
     "then re-export or remove it"
 )
-# A token is rarely over a few characters: text beyond this many per token of max_seq_len is
-# truncated away anyway, and a tokenizer given a giant line first would take minutes and GiBs.
-MAX_CHARS_PER_TOKEN = 64
-
-
-def load_tokenizer(model: FetchedModel):
-    """The model's tokenizer; a tokenizer its files cannot build is the model folder's fault."""
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
-    # Broad on purpose: the tokenizers library's parser raises a bare Exception for a file of the
-    # wrong shape ("data did not match any variant of untagged enum ModelUntagged"), transformers
-    # a ValueError, TypeError, AttributeError or KeyError for settings of the wrong type.
-    except Exception as exc:
-        raise ModelFetchError(
-            "model.model_id",
-            f"the tokenizer in {model.path} cannot be built from its files: {first_line(exc)}",
-            "replace tokenizer.json, tokenizer_config.json and special_tokens_map.json with the "
-            "original model's (its hub repository has them), or remove the one the message names",
-        ) from exc
-
-
-def tokenizer_identity(tokenizer) -> str:
-    """Hash of the vocabulary, merges, normalizer and chat template: what decides the tokens."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        vocab = backend.to_str()
-    else:  # slow tokenizer
-        vocab = json.dumps(sorted(tokenizer.get_vocab().items()))
-    template = str(getattr(tokenizer, "chat_template", None))
-    text = "\n".join([type(tokenizer).__name__, vocab, template])
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def load_source(args: DatasetArgs):
@@ -521,70 +487,6 @@ def _fill_template(row: dict[str, Any], templates: list[str], fields: list[list[
     return templates[index].format(**{name: row.get(name) or "" for name in fields[index]})
 
 
-def render_messages(messages: list[dict], tokenizer) -> str:
-    """Chat messages as the model sees them: its chat template, else plain 'role: content' lines."""
-    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-        raise DatasetError(
-            "dataset.text_column",
-            f"a row's chat messages are {messages!r:.80}, not a list of {{role, content}} objects",
-            "fix those rows (each message an object with role and content), or set text_column "
-            "to a column of plain text",
-        )
-    messages = [
-        {
-            "role": SHAREGPT_ROLES.get(
-                m.get("role") or m.get("from"), m.get("role") or m.get("from")
-            ),
-            "content": m.get("content", m.get("value")),
-        }
-        for m in messages
-    ]
-    if getattr(tokenizer, "chat_template", None) is not None:
-        try:
-            return tokenizer.apply_chat_template(messages, tokenize=False)
-        # Broad on purpose: a template is code; it raises jinja2's errors, its own
-        # raise_exception(...), or whatever its expressions do (1 / 0).
-        except Exception as exc:
-            raise _template_failed(exc, messages, tokenizer) from exc
-    return "\n".join(f"{m['role']}: {m['content']}" for m in messages)
-
-
-# A conversation every chat template must render: one that fails on it is the model's fault.
-PLAIN_CHAT = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi."}]
-
-
-def _template_failed(exc: Exception, messages: list[dict], tokenizer) -> Exception:
-    """A chat template that cannot compile, or fails on a plain user/assistant exchange too, is
-    the model's fault; one that fails only on a row's messages, the row's or the template's."""
-    from jinja2 import TemplateSyntaxError
-
-    fix = (
-        "fix the chat template (chat_template.jinja, or chat_template in tokenizer_config.json), "
-        "or replace it with the original model's"
-    )
-    if isinstance(exc, TemplateSyntaxError):
-        return ModelFetchError(
-            "model.model_id", f"the model's chat template does not compile: {first_line(exc)}", fix
-        )
-    try:
-        tokenizer.apply_chat_template(PLAIN_CHAT, tokenize=False)
-    except Exception:  # whatever it raises, the template fails without the data
-        return ModelFetchError(
-            "model.model_id",
-            f"the model's chat template fails on any conversation, a plain user/assistant "
-            f"exchange too: {first_line(exc)}",
-            fix,
-        )
-    roles = [m.get("role") for m in messages]
-    return DatasetError(
-        "dataset.dataset_name",
-        f"the model's chat template fails on a row's messages (roles {roles!r:.80}): "
-        f"{first_line(exc)}",
-        f"give rows the messages the template accepts (the message says what it expects), {fix}, "
-        "or set text_column to a column of plain text",
-    )
-
-
 def sample_texts(dataset, format_row: Callable, n: int, seed: int, source: str) -> list[str]:
     """`n` non-empty texts from rows in a seeded random order: same seed, same samples."""
     if n > len(dataset):
@@ -612,49 +514,3 @@ def sample_texts(dataset, format_row: Callable, n: int, seed: int, source: str) 
         f"text_samples={n} but {source} holds only {len(texts)} non-empty rows of {len(dataset)}",
         f"set text_samples to at most {len(texts)}, or pick a larger dataset or split",
     )
-
-
-def tokenize(texts: list[str], tokenizer, max_seq_len: int, add_special_tokens: bool):
-    """input_ids and attention_mask per text: truncated to max_seq_len, unpadded, batched."""
-    import datasets
-
-    longest = max_seq_len * MAX_CHARS_PER_TOKEN
-
-    def encode(batch):
-        return tokenizer(
-            [text[:longest] for text in batch["text"]],
-            max_length=max_seq_len,
-            truncation=True,
-            add_special_tokens=add_special_tokens,
-            return_token_type_ids=False,
-        )
-
-    return datasets.Dataset.from_dict({"text": texts}).map(
-        encode,
-        batched=True,
-        remove_columns=["text"],
-        keep_in_memory=True,
-        # In memory, nothing is cached by this key; a fixed one spares hashing the tokenizer.
-        new_fingerprint=hashlib.sha256(f"{len(texts)}:{max_seq_len}".encode()).hexdigest()[:16],
-    )
-
-
-def load_processor(model: FetchedModel):
-    """The model's processor, or its tokenizer when the processor cannot be built here.
-
-    Qwen2.5-VL's processor requires torchvision, whose registry wheels do not load beside the
-    CPU torch: text calibration needs only the tokenizer, and calibrate copies the source's
-    preprocessing files into the checkpoint either way.
-    """
-    from transformers import AutoProcessor
-
-    try:
-        return AutoProcessor.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
-    except (ImportError, OSError, ValueError) as exc:
-        run_logger(__name__).warning(
-            "No processor for %s (%s: %s); using its tokenizer",
-            model.model_id,
-            type(exc).__name__,
-            str(exc).splitlines()[0] if str(exc) else "",
-        )
-        return load_tokenizer(model)

@@ -31,7 +31,7 @@ from compressflow.compat import (
     save_under_source_names,
 )
 from compressflow.data.build import first_sample
-from compressflow.data.text_sources import load_processor
+from compressflow.data.tokenizer import load_processor
 from compressflow.data.user_code import import_callable
 from compressflow.data.vision import collate_one
 from compressflow.errors import CalibrationError, first_line

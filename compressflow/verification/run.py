@@ -8,7 +8,7 @@ import resource
 import time
 from pathlib import Path
 
-from compressflow.data.text_sources import load_processor
+from compressflow.data.tokenizer import load_processor
 from compressflow.params import VerifyArgs
 from compressflow.reporting.reference import reference_samples, refuse_non_finite
 from compressflow.results import (

@@ -24,7 +24,7 @@ from support.models import ARCHITECTURE_NAMES, RANDOM_WEIGHTS, cpu_has
 from support.reload_check import assert_published_model_matches_base
 
 from compressflow.data.local_text import python_docs
-from compressflow.data.text_sources import load_processor
+from compressflow.data.tokenizer import load_processor
 from compressflow.demo.zoo import VISION_BUILDERS, ZOO, build_tiny, model_class
 from compressflow.errors import CompressflowError
 from compressflow.flows.compress import compress

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from datasets import Dataset
 
-from compressflow.data.text_sources import load_source, sample_texts, tokenize
+from compressflow.data.text_sources import load_source, sample_texts
+from compressflow.data.tokenizer import tokenize
 from compressflow.errors import DatasetError
 from compressflow.params import DatasetArgs
 
