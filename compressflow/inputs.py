@@ -16,16 +16,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from compressflow.params import (
-    CalibrationArgs,
-    DatasetArgs,
-    ModelArgs,
-    OutputArgs,
-    RecipeArgs,
-    TargetArgs,
-    VerifyArgs,
-)
-from compressflow.results import BuiltDataset, FetchedModel, RenderedRecipe
+from compressflow.calibration.args import CalibrationArgs
+from compressflow.data.args import DatasetArgs
+from compressflow.data.result import BuiltDataset
+from compressflow.model.args import ModelArgs
+from compressflow.model.result import FetchedModel
+from compressflow.recipes.args import RecipeArgs, TargetArgs
+from compressflow.recipes.result import RenderedRecipe
+from compressflow.store.args import OutputArgs
+from compressflow.verification.args import VerifyArgs
 
 
 class RunArgs(BaseModel):
@@ -63,3 +62,23 @@ class Inputs(BaseModel):
         """The same inputs for another rendered recipe: a target search's round (the run key and
         the output stay those of the run)."""
         return self.model_copy(update={"recipe": recipe})
+
+
+class InputCheck(BaseModel):
+    """One of `compressflow validate`'s checks: its name, time and what it found."""
+
+    name: str
+    seconds: float
+    detail: str
+
+
+class ValidationReport(BaseModel):
+    """What `compressflow validate` reports: each check, and the output the run would publish."""
+
+    checks: list[InputCheck]
+    output_path: str
+    reuses_output: bool
+
+    def table(self) -> str:
+        rows = [f"  {c.name:<14} {c.seconds:6.2f} s  {c.detail}" for c in self.checks]
+        return "\n".join(["Parameters are valid:", *rows])

@@ -27,7 +27,7 @@ from compressflow.flows.checks import (
     resolve_inputs,
 )
 from compressflow.flows.compress import compress
-from compressflow.inputs import RunArgs
+from compressflow.inputs import InputCheck, RunArgs, ValidationReport
 from compressflow.params import (
     CalibrationArgs,
     DatasetArgs,
@@ -36,10 +36,9 @@ from compressflow.params import (
     RecipeArgs,
     TargetArgs,
 )
-from compressflow.results import Check, ValidationReport
 from compressflow.runtime.stages import boundary
 from compressflow.settings import check_settings
-from compressflow.store.manifest import find_published
+from compressflow.store.output import find_published
 from compressflow.tasks.adapt_recipe import adapt_recipe
 from compressflow.tasks.build_dataset import build_dataset
 from compressflow.tasks.check_traceability import check_traceability
@@ -75,7 +74,7 @@ class _TimedChecks:
     """A runner for the shared sequence: calls each stage's function directly and times it."""
 
     def __init__(self):
-        self.checks: list[Check] = []
+        self.checks: list[InputCheck] = []
 
     def run(self, stage, *args):
         started = time.perf_counter()
@@ -83,7 +82,7 @@ class _TimedChecks:
         with boundary(name):  # the flow's: what no check knows of is a defect, not raw words
             result = getattr(stage, "fn", stage)(*args)
         seconds = round(time.perf_counter() - started, 3)
-        self.checks.append(Check(name=name, seconds=seconds, detail=describe(result)))
+        self.checks.append(InputCheck(name=name, seconds=seconds, detail=describe(result)))
         return result
 
 

@@ -3,7 +3,9 @@ back through others, internals go through compat.
 
 The contract is data in pyproject.toml (`[tool.compressflow.layers]`):
 - `layers`: a module may import modules of its own layer or of layers below it. A layer written
-  as a list holds sibling packages that must not import one another (the bottom layer's groups).
+  as a list holds sibling packages that must not import one another (the bottom layer's groups);
+  one written as a table `{ shared = [...] }` holds packages that share one vocabulary and import
+  one another freely (the root modules and each slice's `args` and `result`).
 - `independent`: a package whose modules must not import each other (stages share code through
   the bottom layer instead).
 - `narrow` packages' functions take at most `max_parameters` (Prefect flows' own parameter
@@ -58,12 +60,21 @@ def imported_names(file: Path) -> list[tuple[int, str]]:
     return names
 
 
-def layer_of(module: str, layers: list[str | list[str]]) -> tuple[int, str] | None:
+Layer = str | list[str] | dict[str, list[str]]
+
+
+def packages_of(layer: Layer) -> list[str]:
+    if isinstance(layer, str):
+        return [layer]
+    return layer["shared"] if isinstance(layer, dict) else layer
+
+
+def layer_of(module: str, layers: list[Layer]) -> tuple[int, str] | None:
     """(index, package) of the most specific layer package `module` belongs to (0 is the top)."""
     matches = [
         (i, package)
         for i, layer in enumerate(layers)
-        for package in ([layer] if isinstance(layer, str) else layer)
+        for package in packages_of(layer)
         if module == package or module.startswith(package + ".")
     ]
     return max(matches, key=lambda match: len(match[1])) if matches else None
@@ -86,7 +97,7 @@ def violations(config: dict, package_dirs: dict[str, str]) -> list[str]:
                 found.append(
                     f"{where}: {module} ({own[1]}) imports {name} ({target[1]}), a higher layer"
                 )
-            elif target[0] == own[0] and target[1] != own[1]:
+            elif target[0] == own[0] and target[1] != own[1] and isinstance(layers[own[0]], list):
                 found.append(
                     f"{where}: {module} ({own[1]}) imports {name} ({target[1]}); "
                     "sibling groups do not import one another"

@@ -47,14 +47,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compressflow.params import VerifyArgs
-from compressflow.results import (
-    FetchedModel,
-    MemoryPlan,
-    RenderedRecipe,
-    ServingCheck,
-    VerificationCheck,
-)
+# The slices' own modules, not the params / results facades: those import this package's
+# vocabulary, which runs this file first.
+from compressflow.model.result import FetchedModel, MemoryPlan
+from compressflow.recipes.result import RenderedRecipe
+from compressflow.verification.args import VerifyArgs
+from compressflow.verification.result import ServingCheck, VerificationCheck
 
 
 @dataclass

@@ -114,3 +114,29 @@ def test_a_task_taking_more_than_six_parameters_is_refused_and_a_flow_is_not(tmp
     assert layers.wide_signatures(config, {"pkg.tasks": "tasks"}) == [
         f"{Path('tasks', 'stage.py')}:2: calibrate takes 7 parameters (at most 6): hand it the inputs bundle"
     ]
+
+
+def test_a_shared_layer_imports_itself_freely_and_still_points_down(tmp_path, monkeypatch):
+    layers = _tool("check_layers")
+    monkeypatch.setattr(layers, "ROOT", tmp_path)
+    for folder, text in {
+        "pkg/__init__.py": "",
+        "pkg/params.py": "from pkg.model.args import ModelArgs\n",
+        "pkg/model/__init__.py": "",
+        "pkg/model/args.py": "from pkg.data.args import DataArgs\n",
+        "pkg/model/load.py": "from pkg.params import ModelArgs\n",
+        "pkg/data/__init__.py": "",
+        "pkg/data/args.py": "from pkg.model.load import load\n",
+    }.items():
+        (tmp_path / folder).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder).write_text(text)
+    config = {
+        "layers": [
+            ["pkg.model", "pkg.data"],
+            {"shared": ["pkg", "pkg.model.args", "pkg.data.args"]},
+        ]
+    }
+    assert layers.violations(config, {"pkg": "pkg"}) == [
+        f"{Path('pkg', 'data', 'args.py')}:1: pkg.data.args (pkg.data.args) imports "
+        "pkg.model.load (pkg.model), a higher layer"
+    ]

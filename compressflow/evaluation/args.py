@@ -1,0 +1,119 @@
+"""evaluate-model's and sweep-recipe's parameters: the quality gate, lm-eval tasks, a
+sweep's space and objective, and the deployments a sweep calls."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator
+
+from compressflow.arguments import Args
+from compressflow.errors import InputError, RecipeError
+from compressflow.limits import check_data
+
+
+class QualityGate(Args):
+    max_perplexity_increase_pct: float = Field(
+        default=10.0,
+        ge=0,
+        description="Largest allowed perplexity increase over the base model, in percent "
+        "(0: no limit).",
+    )
+    max_kl: float = Field(
+        default=0.1,
+        ge=0,
+        description="Largest allowed mean KL(base || compressed) per token, in nats (0: no limit).",
+    )
+    min_lm_eval_recovery_pct: float = Field(
+        default=0,
+        ge=0,
+        description="Smallest allowed recovery of each lm-eval metric, in percent of the base "
+        "model's score (inverted for perplexities; 100: no loss), e.g. 95 (0: no limit).",
+    )
+    on_threshold: Literal["fail", "flag"] = Field(
+        default="fail",
+        description="fail: the run fails when a limit is passed. flag: it completes, with "
+        "passed=false in its result, a warning and the artifact marking the breach.",
+    )
+
+
+class LmEvalArgs(Args):
+    tasks: list[str] = Field(
+        default_factory=list,
+        description="lm-eval-harness tasks run on both models: lm-eval's own names (e.g. "
+        "hellaswag; their datasets come from the hub, so an offline worker refuses them), or "
+        "ours, which run offline on held-out text: compressflow_code_perplexity (word "
+        "perplexity) and compressflow_next_line (which of four lines comes next).",
+    )
+    limit: int = Field(default=0, ge=0, description="Examples per lm-eval task (0: all of them).")
+    held_out_file: str = Field(
+        default="",
+        description="JSON-lines file of {'text': ...} rows our compressflow_* tasks are built "
+        "from (the yardstick's held_out.jsonl is one); empty: the held-out texts this "
+        "evaluation scores (held_out).",
+    )
+    timeout_minutes: float = Field(
+        default=60,
+        ge=0,
+        description="Stop lm-eval on a model after this many minutes (0: no limit). It runs in "
+        "a process of its own, so stopping it ends it and returns its memory.",
+    )
+
+
+METRICS = ("perplexity_increase_pct", "kl_divergence", "top1_agreement", "compressed_perplexity")
+
+
+class SearchSpace(Args):
+    # minItems in the schema: the server refuses an empty list before a run starts.
+    recipe_args: dict[str, Annotated[list[Any], Field(min_length=1)]] = Field(
+        default_factory=dict,
+        description="Values to try for each recipe placeholder, e.g. "
+        "{dampening_frac: [0.01, 0.1], block_size: [64, 128]}.",
+    )
+    text_samples: list[int] = Field(
+        default_factory=list,
+        description="Calibration sample counts to try; empty: dataset.text_samples only.",
+    )
+    strategy: Literal["grid", "random"] = Field(
+        default="grid", description="grid: every combination; random: `budget` of them."
+    )
+    budget: int = Field(default=0, ge=0, description="Random search: how many points (0: all).")
+    seed: int = Field(default=0, description="Random search: which points are drawn.")
+
+    @field_validator("recipe_args", mode="before")
+    @classmethod
+    def _bounded_args(cls, value: Any) -> Any:
+        check_data(value, "space.recipe_args", RecipeError)  # as RecipeArgs.recipe_args
+        return value
+
+    @field_validator("recipe_args", mode="before")
+    @classmethod
+    def _no_empty_values(cls, value: Any) -> Any:
+        # An empty list leaves the grid without a single point: refused here, with the fix.
+        if isinstance(value, dict):
+            empty = [
+                name for name, values in value.items() if isinstance(values, list) and not values
+            ]
+            if empty:
+                raise InputError(
+                    "space.recipe_args",
+                    f"the list of values to try for {', '.join(empty)} is empty, so the search has "
+                    "no point to run",
+                    f"give {empty[0]} at least one value, or leave it out of the search (the "
+                    "recipe's own value is then used)",
+                )
+        return value
+
+
+class Objective(Args):
+    metric: Literal[METRICS] = Field(  # type: ignore[valid-type]
+        default="kl_divergence", description="An evaluate-model metric to rank points by."
+    )
+    direction: Literal["minimize", "maximize"] = Field(
+        default="minimize", description="Whether the best point has the lowest or highest metric."
+    )
+
+
+class Deployments(Args):
+    compress: str = Field(default="compress-model/compress", description="flow/deployment name.")
+    evaluate: str = Field(default="evaluate-model/evaluate", description="flow/deployment name.")
