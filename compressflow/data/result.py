@@ -20,18 +20,6 @@ class BuiltDataset(BaseModel):
     def exists(self) -> bool:
         return Path(self.path, "dataset_info.json").exists()
 
-    def log_to(self, tracker) -> None:
-        tracker.params("dataset", self.tracking_params())
-
-    def tracking_params(self) -> dict:
-        return {
-            "source": self.source,
-            "fingerprint": self.fingerprint,
-            "samples": self.num_samples,
-            "chat_template_applied": self.chat_template_applied,
-            **{f"tokens_{name}": value for name, value in self.token_stats.items()},
-        }
-
 
 class HeldOutText(BaseModel):
     source: str

@@ -34,21 +34,6 @@ class FetchedModel(BaseModel):
     def exists(self) -> bool:
         return Path(self.path, "config.json").exists()
 
-    def log_to(self, tracker) -> None:
-        tracker.params("model", self.tracking_params())
-
-    def tracking_params(self) -> dict:
-        return {
-            "model_id": self.model_id,
-            "source": self.source,
-            "revision_requested": self.revision_requested or "",
-            "revision_resolved": self.revision_resolved or "",
-            "identity": self.identity,
-            "size_bytes": self.size_bytes,
-            "parameters": self.parameters or 0,
-            "model_class": self.model_class,
-        }
-
 
 class TraceReport(BaseModel):
     checked: bool
@@ -206,6 +191,3 @@ class MemoryPlan(BaseModel):
             + (f", +{gib(extra)} over batch 1" if more else "")
             + f", within {limit}"
         )
-
-    def log_to(self, tracker) -> None:
-        tracker.params("memory plan", self.model_dump(exclude={"notes"}))

@@ -46,12 +46,6 @@ class RenderedRecipe(BaseModel):
         """The parameter the user chose the recipe with: what an error about it names."""
         return "recipe.preset" if self.source.startswith("preset:") else "recipe.recipe"
 
-    def log_to(self, tracker) -> None:
-        tracker.configuration("recipe", self.yaml, description=f"Rendered from {self.source}")
-        tracker.params("recipe_args", self.args)
-        if self.notes:
-            tracker.params("recipe_notes", dict(enumerate(self.notes)))
-
 
 class ModuleSensitivity(BaseModel):
     name: str
@@ -155,48 +149,3 @@ class TargetSearch(BaseModel):
         """How much larger the chosen output is than the recipe as asked (round 1)."""
         chosen = self.chosen()
         return chosen.size_bytes - self.rounds[0].size_bytes if chosen else 0
-
-    def log_to(self, tracker) -> None:
-        for r in self.rounds:
-            tracker.scalar("target perplexity ratio", "round", r.ratio, r.round)
-            tracker.scalar("target modules unquantized", "round", len(r.unquantized), r.round)
-        tracker.table(
-            "compress to target",
-            [
-                {
-                    "round": r.round,
-                    "unquantized": len(r.unquantized),
-                    "avg_bits": r.avg_bits,
-                    "ratio": round(r.ratio, 5),
-                    "target": self.max_perplexity_ratio,
-                    "met": r.met,
-                    "size_bytes": r.size_bytes,
-                    "chosen": r.round == self.chosen_round,
-                }
-                for r in self.rounds
-            ],
-        )
-        if self.mix is not None:
-            for measured, series in ((False, "predicted"), (True, "measured")):
-                tracker.scatter(
-                    "size vs held-out perplexity",
-                    series,
-                    [[p.avg_bits, p.perplexity] for p in self.mix.points if p.measured == measured],
-                    ("bits per weight", "held-out perplexity"),
-                )
-            tracker.table(
-                "precision per module",
-                [{"module": name, "precision": p} for name, p in self.mix.precisions.items()],
-            )
-        chosen = self.chosen()
-        if chosen is not None:
-            tracker.params(
-                "target",
-                {
-                    "max_perplexity_ratio": self.max_perplexity_ratio,
-                    "chosen_round": chosen.round,
-                    "ratio": chosen.ratio,
-                    "size_cost_bytes": self.size_cost_bytes(),
-                    "unquantized": ", ".join(chosen.unquantized) or "none",
-                },
-            )

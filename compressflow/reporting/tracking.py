@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from compressflow import compat
 from compressflow.logs import run_logger
+from compressflow.reporting.result_logs import log_to
 from compressflow.settings import settings as worker_settings
 
 if TYPE_CHECKING:
@@ -258,12 +259,12 @@ def current() -> Tracker:
 
 
 def log_result(result) -> None:
-    """Log a stage result into the run's ClearML task, through the result's own `log_to`.
+    """Log a stage result into the run's ClearML task (`result_logs.log_to` says what of it).
 
     Stages call it when they finish; the flow's stage runner calls it for a cached result, whose
     task body did not run: either way the ClearML task gets the same fields.
     """
-    result.log_to(current())
+    log_to(result, current())
 
 
 def configured_api_host() -> str | None:

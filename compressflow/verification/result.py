@@ -81,15 +81,3 @@ class Verification(BaseModel):
 
     def failed(self) -> list[VerificationCheck]:
         return [check for check in self.checks if check.checked and not check.passed]
-
-    def log_to(self, tracker) -> None:
-        tracker.params(
-            "verification",
-            {
-                "passed": self.passed,
-                **{check.name: check.detail for check in self.checks},
-            },
-        )
-        for name in ("cosine", "kl_divergence", "top1_agreement"):
-            if getattr(self, name) is not None:
-                tracker.single(f"verification {name}", getattr(self, name))
