@@ -7,7 +7,8 @@ without padding and truncated to `max_seq_len`, then saved with `save_to_disk` u
 `<folder>/<fingerprint>`. The fingerprint is a hash of the tokens, so the same data built twice
 lands in, and reuses, the same folder. The build dataset stage passes the folder
 (`$COMPRESSFLOW_CACHE_DIR/datasets`) and the fingerprint function (`dataset_fingerprint` of
-`compressflow.store.identity`): the data group imports no store module.
+`compressflow.store.identity`, which also computes the tokenizer's identity the fingerprint
+covers).
 
 The held-out texts the evaluation scores (`held_out_text`) come from a source the same way, less
 the rows the calibration build drew from it when both read the same source.
@@ -22,13 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from compressflow.data.text_sources import load_source, row_formatter, sample_texts
-from compressflow.data.tokenizer import load_tokenizer, tokenize, tokenizer_identity
+from compressflow.data.tokenizer import load_tokenizer, tokenize
 from compressflow.data.user_code import import_callable
 from compressflow.data.vision import load_vision_processor, model_inputs, process_vision_rows
 from compressflow.errors import DatasetError
 from compressflow.logs import run_logger
 from compressflow.params import DatasetArgs
 from compressflow.results import BuiltDataset, FetchedModel, HeldOutText
+from compressflow.store.identity import tokenizer_identity
 
 
 def build(

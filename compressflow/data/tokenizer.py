@@ -1,5 +1,6 @@
-"""The tokenizer contract: loading the model's tokenizer or processor, what decides its tokens,
-its chat template, and tokenizing texts.
+"""The tokenizer contract: loading the model's tokenizer or processor, its chat template, and
+tokenizing texts. What decides its tokens (`tokenizer_identity`) is computed with every other key
+in `compressflow.store.identity`.
 
 A tokenizer or chat template the model's files cannot build, or a template that fails on a plain
 conversation, is the model's fault (`model.model_id`); a template that fails only on a row's
@@ -10,7 +11,6 @@ messages is the row's (`dataset.dataset_name`). Rows are read and turned into te
 from __future__ import annotations
 
 import hashlib
-import json
 
 from compressflow.errors import DatasetError, ModelFetchError, first_line
 from compressflow.logs import run_logger
@@ -38,18 +38,6 @@ def load_tokenizer(model: FetchedModel):
             "replace tokenizer.json, tokenizer_config.json and special_tokens_map.json with the "
             "original model's (its hub repository has them), or remove the one the message names",
         ) from exc
-
-
-def tokenizer_identity(tokenizer) -> str:
-    """Hash of the vocabulary, merges, normalizer and chat template: what decides the tokens."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None:
-        vocab = backend.to_str()
-    else:  # slow tokenizer
-        vocab = json.dumps(sorted(tokenizer.get_vocab().items()))
-    template = str(getattr(tokenizer, "chat_template", None))
-    text = "\n".join([type(tokenizer).__name__, vocab, template])
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def load_processor(model: FetchedModel):

@@ -14,7 +14,8 @@ A cache bug means reading this module. Each key hashes what decides its result, 
   stage returns depends on the code it calls and the libraries that do the work: editing or
   upgrading any of them misses the caches instead of reusing what the new code would not produce.
 - `stat_signature` (cheap: path, size, mtime, ctime, inode), `content_hash` (a local model
-  folder's bytes) and `dataset_fingerprint` (the tokens a calibration reads): the identities of
+  folder's bytes), `dataset_fingerprint` (the tokens a calibration reads) and
+  `tokenizer_identity` (what decides those tokens, part of the fingerprint): the identities of
   files and data.
 
 Imports only the shared vocabulary: every other module that needs a key imports this one.
@@ -280,6 +281,18 @@ def dataset_fingerprint(tokenized, tokenizer_id: str, max_seq_len: int) -> str:
                 digest.update(f"{column}:{array.shape}:{array.dtype}\n".encode())
                 digest.update(array.tobytes())
     return digest.hexdigest()
+
+
+def tokenizer_identity(tokenizer) -> str:
+    """Hash of the vocabulary, merges, normalizer and chat template: what decides the tokens."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        vocab = backend.to_str()
+    else:  # slow tokenizer
+        vocab = json.dumps(sorted(tokenizer.get_vocab().items()))
+    template = str(getattr(tokenizer, "chat_template", None))
+    text = "\n".join([type(tokenizer).__name__, vocab, template])
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 # ---------------------------------------------------------------- keys

@@ -21,6 +21,7 @@ from compressflow.errors import DatasetError
 from compressflow.params import DatasetArgs
 from compressflow.registries.datasets import SHORTCUTS, lookup
 from compressflow.results import FetchedModel
+from compressflow.store.identity import dataset_fingerprint, tokenizer_identity
 from compressflow.tasks.build_dataset import build_dataset
 
 CHATS = [
@@ -298,6 +299,38 @@ def test_existing_folder_is_reused_and_no_temp_folder_is_left(model):
 
     assert again.path == first.path and marker.exists()
     assert not [p for p in Path(first.path).parent.iterdir() if p.name.startswith(".")]
+
+
+class Backend:
+    def to_str(self) -> str:
+        return '{"model": {"type": "WordLevel", "vocab": {"a": 0, "b": 1}}}'
+
+
+class FastTokenizer:
+    backend_tokenizer = Backend()
+    chat_template = "{{ messages[0]['content'] }}"
+
+
+class SlowTokenizer:
+    def get_vocab(self) -> dict[str, int]:
+        return {"b": 1, "a": 0}
+
+
+def test_dataset_keys_keep_their_values():
+    """A saved dataset is found again by these keys: a change to either misses every cache."""
+    tokens = Dataset.from_dict(
+        {"input_ids": [[1, 2, 3], [4, 5]], "attention_mask": [[1] * 3, [1] * 2]}
+    )
+
+    assert tokenizer_identity(FastTokenizer()) == (
+        "50319c2cb41f79d6059a72a7bd26a7634d88383b0c3f19e45e7aa76e30507ab3"
+    )
+    assert tokenizer_identity(SlowTokenizer()) == (
+        "9559c8f056429ad87032eeaf9ffe8b71f2007077c8f46938f6fe8df1ecea5c6f"
+    )
+    assert dataset_fingerprint(tokens, "tok", 16) == (
+        "8c9151fcaeed267683ddc6f3dee60cbdd5a0932f7ceabbf3a06b75e44ec41d15"
+    )
 
 
 def test_no_dataset_when_the_recipe_needs_none(model):
