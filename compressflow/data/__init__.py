@@ -1,5 +1,7 @@
 """Calibration data: where rows come from, how they become text and tokens.
 
+- `args`: the slice's parameters (`DatasetArgs`, `HeldOutArgs`);
+- `result`: what its stages return (`BuiltDataset`, `HeldOutText`);
 - `build`: the calibration dataset (sampled, tokenized, saved under its fingerprint) and the
   held-out evaluation text;
 - `text_sources`: the sources (a loader, a shortcut, a local file or folder, a hub id), their
