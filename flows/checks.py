@@ -38,7 +38,7 @@ from compressflow.runtime.isolation import in_child, warm_up
 from compressflow.settings import variable
 from compressflow.store.disk_space import check_free_space
 from compressflow.store.identity import hashing_early, run_key
-from compressflow.store.manifest import (
+from compressflow.store.output import (
     check_apart,
     check_output_path,
     check_target,

@@ -46,12 +46,8 @@ from compressflow.runtime.resume import discard
 from compressflow.runtime.stages import Stages, boundary
 from compressflow.settings import check_settings
 from compressflow.store.locks import output_lock
-from compressflow.store.manifest import (
-    find_published,
-    remove_leftovers,
-    remove_staging,
-    staging_path,
-)
+from compressflow.store.output import find_published
+from compressflow.store.staging import remove_leftovers, remove_staging, staging_path
 from compressflow.tasks.build_held_out import build_held_out
 from compressflow.tasks.calibrate import calibrate
 from compressflow.tasks.mix_precision import mix_precision

@@ -53,7 +53,7 @@ from compressflow.results import (
     TargetSearch,
 )
 from compressflow.runtime.isolation import in_child
-from compressflow.store.manifest import remove_staging
+from compressflow.store.staging import remove_staging
 
 # The budgets the chart predicts beside the one asked for.
 CHART_BUDGETS = [4.5, 5.0, 6.0, 8.0]

@@ -1,9 +1,10 @@
 """Publish: writes recipe.yaml, manifest.json and the model card (README.md) beside the calibrated checkpoint and seals it.
 
 How a folder is sealed (one rename from staging) and what the manifest holds is the output
-store's business (`compressflow.store.manifest`); this stage assembles the manifest, seals, and shows
-the result: a Prefect summary artifact and the ClearML model. A run that reuses an output
-published earlier shows the same summary, marked reused (`summarize_reused`).
+store's business (`compressflow.store.staging`, `compressflow.store.manifest`); this stage
+assembles the manifest, seals, and shows the result: a Prefect summary artifact and the ClearML
+model. A run that reuses an output published earlier shows the same summary, marked reused
+(`summarize_reused`).
 """
 
 from __future__ import annotations
@@ -47,9 +48,9 @@ from compressflow.store.manifest import (
     published_files,
     published_model,
     read_manifest,
-    seal,
     write_manifest,
 )
+from compressflow.store.staging import seal
 
 
 def summary_key(manifest: Manifest) -> str:

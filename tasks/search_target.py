@@ -40,7 +40,7 @@ from compressflow.results import (
     TargetSearch,
 )
 from compressflow.runtime.isolation import in_child
-from compressflow.store.manifest import remove_staging
+from compressflow.store.staging import remove_staging
 
 
 @task(name="measure perplexity", cache_policy=NO_CACHE)

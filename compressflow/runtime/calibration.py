@@ -67,7 +67,8 @@ from compressflow.runtime.resume import CalibrationCheckpoint, expire
 from compressflow.settings import settings
 from compressflow.store.disk_space import disk_full_is_clear, folder_size
 from compressflow.store.identity import resume_key
-from compressflow.store.manifest import compile_cache_path, reference_path, source_folder
+from compressflow.store.output import source_folder
+from compressflow.store.staging import compile_cache_path, reference_path
 
 _QUANTIZING = re.compile(r"Quantizing \d+ module\(s\): \[(.*)\]")
 _METRIC = re.compile(r"^(time|error)\s+([-+0-9.eE]+|nan|inf)s?$")

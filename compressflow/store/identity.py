@@ -4,7 +4,7 @@ A cache bug means reading this module. Each key hashes what decides its result, 
 
 - `run_key`: a published checkpoint (model identity, dataset fingerprint, rendered recipe, the
   calibration knobs that change weights, library versions). A later run with the same key finds
-  the published folder and returns it without calibrating (`store.manifest`).
+  the published folder and returns it without calibrating (`store.output.find_published`).
 - `cache_key`: a cached stage's result (Prefect's inputs and task source, `code_identity()`, and
   the stat signature of every local path among the inputs: a folder edited in place keeps its
   path) (`store.caching.LocalSourceAware`).

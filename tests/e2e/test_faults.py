@@ -33,7 +33,7 @@ from compressflow.store.disk_space import (
     disk_full_is_clear,
 )
 from compressflow.store.locks import lock_path, output_lock, read_holder
-from compressflow.store.manifest import reference_path
+from compressflow.store.staging import reference_path
 from compressflow.tasks.fetch_model import fetch
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")

@@ -21,7 +21,7 @@ from compressflow.flows.validate import validate
 from compressflow.inputs import RunArgs
 from compressflow.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
 from compressflow.results import Verification
-from compressflow.store import manifest as store
+from compressflow.store import staging as store_staging
 from compressflow.store.identity import file_digests
 from compressflow.store.locks import lock_path
 from compressflow.store.manifest import (
@@ -29,16 +29,12 @@ from compressflow.store.manifest import (
     MANIFEST,
     Manifest,
     ManifestResult,
-    check_apart,
-    check_output_path,
-    check_target,
-    find_published,
     hashed_files,
-    leftover_owner,
-    remove_leftovers,
-    seal,
+    read_manifest,
     write_manifest,
 )
+from compressflow.store.output import check_apart, check_output_path, check_target, find_published
+from compressflow.store.staging import leftover_owner, remove_leftovers, seal
 
 DATA = DatasetArgs(dataset_name="python_docs", text_samples=8, max_seq_len=64)
 
@@ -222,8 +218,8 @@ def test_sealing_over_an_earlier_output_retires_it_under_our_pid(tmp_path, monke
     (staging / "config.json").write_text("{}")
     an_output(target)
     retired: list[Path] = []
-    deleting = store.delete_output
-    monkeypatch.setattr(store, "delete_output", lambda f: (retired.append(f), deleting(f)))
+    deleting = store_staging.delete_output
+    monkeypatch.setattr(store_staging, "delete_output", lambda f: (retired.append(f), deleting(f)))
     seal(staging, target, overwrite=True)
     assert files(target) == {"config.json": b"{}"}
     assert [leftover_owner(target, f) for f in retired] == [("retired", os.getpid())]
@@ -269,10 +265,10 @@ def test_a_manifest_naming_files_outside_its_folder_is_not_ours(tmp_path):
         target = an_output(tmp_path / f"out-{abs(hash(name))}")
         manifest = json.loads((target / MANIFEST).read_text())
         (target / MANIFEST).write_text(json.dumps({**manifest, "files": [name]}))
-        assert store.read_manifest(target) is None, name
+        assert read_manifest(target) is None, name
         with pytest.raises(PublishError, match="compressflow did not publish"):
             check_target(target, "another key", overwrite=True)
-        store.delete_output(target)
+        store_staging.delete_output(target)
         assert precious.read_text() == "keep"
 
 
@@ -280,7 +276,7 @@ def test_a_manifest_that_is_a_fifo_is_not_read(tmp_path):
     target = tmp_path / "out"
     target.mkdir()
     os.mkfifo(target / MANIFEST)  # opening it would block until a writer came
-    assert store.read_manifest(target) is None
+    assert read_manifest(target) is None
     with pytest.raises(PublishError, match="compressflow did not publish"):
         check_target(target, "key", overwrite=True)
 
@@ -290,11 +286,11 @@ def test_deleting_a_retired_output_deletes_only_what_it_published(tmp_path, capl
     (folder / "added-after-the-check.txt").write_text("mine")
     (tmp_path / "elsewhere").mkdir()
     (folder / "link").symlink_to(tmp_path / "elsewhere")
-    with caplog.at_level("WARNING", logger=store.__name__):
-        store.delete_output(folder)
+    with caplog.at_level("WARNING", logger=store_staging.__name__):
+        store_staging.delete_output(folder)
     assert sorted(p.name for p in folder.iterdir()) == ["added-after-the-check.txt", "link"]
     assert f"Left {folder}: it holds files the replaced output did not publish" in caplog.text
-    store.delete_output(an_output(tmp_path / "whole"))
+    store_staging.delete_output(an_output(tmp_path / "whole"))
     assert not (tmp_path / "whole").exists()
 
 
@@ -473,11 +469,11 @@ def test_a_manifest_hashing_a_file_outside_its_folder_is_not_ours(tmp_path):
     manifest = json.loads((target / MANIFEST).read_text())
     manifest["file_sha256"]["../precious.txt"] = "0" * 64
     (target / MANIFEST).write_text(json.dumps(manifest))
-    assert store.read_manifest(target) is None
+    assert read_manifest(target) is None
 
 
 def republished(folder: Path) -> None:
-    earlier = store.read_manifest(folder)
+    earlier = read_manifest(folder)
     write_manifest(folder, earlier.model_copy(update={"created_at": "2025-02-01T00:00:00+00:00"}))
 
 
@@ -504,15 +500,15 @@ def test_an_evaluation_is_recorded_only_in_the_folder_it_scored(
 
     monkeypatch.setattr(evaluate, "RECORD_WAIT_SECONDS", 0.1)
     target = an_output(tmp_path / "out")
-    scored = store.read_manifest(target)
+    scored = read_manifest(target)
     evaluate.record_evaluation(
         target, scored, evaluation_report(str(target)), "base", "transformers"
     )
-    assert store.read_manifest(target).evaluation == evaluation_report(str(target))
+    assert read_manifest(target).evaluation == evaluation_report(str(target))
     assert "## Evaluation" in (target / CARD).read_text()
 
     other = an_output(tmp_path / "other")
-    scored = store.read_manifest(other)
+    scored = read_manifest(other)
     still_held = meanwhile(other)
     card, manifest = (other / CARD).read_text(), (other / MANIFEST).read_text()
     with caplog.at_level("WARNING"):
@@ -561,7 +557,7 @@ def test_leftovers_of_dead_runs_are_removed_and_nothing_else(tmp_path, caplog):
     link = tmp_path / f".out.offload-{dead_pid()}"  # we never make links: not ours
     link.symlink_to(tmp_path / ".out.offload-backup")
 
-    with caplog.at_level("INFO", logger=store.__name__):
+    with caplog.at_level("INFO", logger=store_staging.__name__):
         remove_leftovers(target)
 
     assert not reference.exists() and not older.exists()
