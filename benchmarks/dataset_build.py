@@ -45,7 +45,6 @@ def ours(args) -> dict:
     from compressflow.data.build import build
     from compressflow.params import DatasetArgs
     from compressflow.settings import cache_root
-    from compressflow.store.identity import dataset_fingerprint
 
     model = FetchedModel(
         path=args.model,
@@ -58,7 +57,6 @@ def ours(args) -> dict:
     built = build(
         DatasetArgs(dataset_name=args.data, text_samples=args.samples, max_seq_len=args.tokens),
         model,
-        dataset_fingerprint,
         cache_root() / "datasets",
     )
     return {

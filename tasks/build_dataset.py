@@ -1,9 +1,8 @@
 """Build dataset: samples, templates and tokenizes the calibration data, and caches it.
 
 How is `compressflow.data.build` (image+text rows: `compressflow.data.vision`); this stage runs it
-in a child, with the folder it saves into, `$COMPRESSFLOW_CACHE_DIR/datasets`, and the fingerprint
-that names the copy there (`compressflow.store.identity`), so the same data built twice lands in,
-and reuses, the same folder.
+in a child, with the folder it saves into, `$COMPRESSFLOW_CACHE_DIR/datasets`, where the dataset's
+fingerprint names its copy, so the same data built twice lands in, and reuses, the same folder.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from compressflow.results import BuiltDataset, FetchedModel
 from compressflow.runtime.isolation import in_child
 from compressflow.settings import cache_root
 from compressflow.store.caching import CACHE_EXPIRATION, LocalSourceAware
-from compressflow.store.identity import dataset_fingerprint
 
 
 @task(
@@ -42,7 +40,7 @@ def build_dataset(
             "the recipe needs calibration data but text_samples and vision_samples are both 0",
             "set text_samples (e.g. 256) or, for a vision-language model, vision_samples",
         )
-    built = in_child(build, args, model, dataset_fingerprint, cache_root() / "datasets")
+    built = in_child(build, args, model, cache_root() / "datasets")
     stats = built.token_stats
     logger.info(
         "Built %d samples from %s: %d to %d tokens (mean %.0f, total %d), chat template %s; %s",

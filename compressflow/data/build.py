@@ -5,10 +5,9 @@ Where rows come from and how they become text is `compressflow.data.text_sources
 with `seed`, turned into text (chat messages through the model's chat template), tokenized
 without padding and truncated to `max_seq_len`, then saved with `save_to_disk` under
 `<folder>/<fingerprint>`. The fingerprint is a hash of the tokens, so the same data built twice
-lands in, and reuses, the same folder. The build dataset stage passes the folder
-(`$COMPRESSFLOW_CACHE_DIR/datasets`) and the fingerprint function (`dataset_fingerprint` of
-`compressflow.store.identity`, which also computes the tokenizer's identity the fingerprint
-covers).
+lands in, and reuses, the same folder; it and the tokenizer's identity it covers are
+`compressflow.store.identity`'s. The build dataset stage passes the folder
+(`$COMPRESSFLOW_CACHE_DIR/datasets`).
 
 The held-out texts the evaluation scores (`held_out_text`) come from a source the same way, less
 the rows the calibration build drew from it when both read the same source.
@@ -18,7 +17,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,19 +28,12 @@ from compressflow.errors import DatasetError
 from compressflow.logs import run_logger
 from compressflow.params import DatasetArgs
 from compressflow.results import BuiltDataset, FetchedModel, HeldOutText
-from compressflow.store.identity import tokenizer_identity
+from compressflow.store.identity import dataset_fingerprint, tokenizer_identity
 
 
-def build(
-    args: DatasetArgs,
-    model: FetchedModel,
-    fingerprint: Callable[[Any, str, int], str],
-    folder: Path,
-) -> BuiltDataset:
+def build(args: DatasetArgs, model: FetchedModel, folder: Path) -> BuiltDataset:
     """Load, sample, render and tokenize; cheap checks on the model run before any data loads.
-
-    `fingerprint(tokenized, tokenizer_id, max_seq_len)` names the saved copy under `folder`.
-    """
+    The dataset's fingerprint names the saved copy under `folder`."""
     check_max_seq_len(args, model)
     if args.data_collator:  # used only at calibration: check it now, before weights load
         import_callable(args.data_collator, "dataset.data_collator", DatasetError, call_with=([],))
@@ -74,7 +65,7 @@ def build(
         # them); adding BOS again would calibrate on sequences the model never gets.
         tokenized = tokenize(texts, tokenizer, args.max_seq_len, add_special_tokens=not templated)
 
-    fp = fingerprint(tokenized, tokenizer_id, args.max_seq_len)
+    fp = dataset_fingerprint(tokenized, tokenizer_id, args.max_seq_len)
     path = save(tokenized, fp, folder)
     return BuiltDataset(
         path=str(path),

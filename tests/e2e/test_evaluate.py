@@ -92,7 +92,6 @@ def test_held_out_text_leaves_out_the_calibration_samples(compressed, tiny_model
 
     from compressflow.data.build import build
     from compressflow.settings import cache_root
-    from compressflow.store.identity import dataset_fingerprint
 
     base = fetch(ModelArgs(model_id=str(tiny_model)))
     calibration = read_manifest(Path(compressed)).calibration_args()
@@ -101,7 +100,7 @@ def test_held_out_text_leaves_out_the_calibration_samples(compressed, tiny_model
     # same rows.
     same_draw = HeldOutArgs(samples=16, max_seq_len=64, seed=CALIBRATION.seed).dataset_args()
     held_out = build_held_out(same_draw, base, calibration)
-    built = build(CALIBRATION, base, dataset_fingerprint, cache_root() / "datasets")
+    built = build(CALIBRATION, base, cache_root() / "datasets")
     calibrated = load_from_disk(built.path)["input_ids"]
     assert held_out.excluded_calibration_samples == 16
     assert len(held_out.input_ids) == 16
