@@ -21,7 +21,8 @@ from typing import Any
 from compressflow.data.text_sources import check_local, local_source
 from compressflow.errors import PublishError, SettingsError
 from compressflow.inputs import Inputs, RunArgs
-from compressflow.model.checkpoint import check_folder, local_folder
+from compressflow.model.folder_checks.files import local_folder
+from compressflow.model.folder_checks.registry import check_folder
 from compressflow.model.hardware import (
     needs_accelerator,
     refuse_fp4_on_float32,
@@ -63,10 +64,10 @@ def precheck(args: RunArgs) -> None:
     a mistake is refused in about the time the process takes to start. In the order
     resolve_inputs would meet them: the recipe's parts against one another (its YAML, the preset,
     placeholders and recipe_args; llm-compressor's own validation stays in render_recipe); a local
-    model folder, whole (compressflow.model.checkpoint.check_folder; a hub or ClearML model is
-    checked once downloaded); the output folder against the source and the filesystem, when
-    save_directory names it; a local data file a preset calibrates on (a custom recipe's need
-    for data is llm-compressor's to say, after render).
+    model folder, whole (compressflow.model.folder_checks.registry.check_folder; a hub or
+    ClearML model is checked once downloaded); the output folder against the source and the
+    filesystem, when save_directory names it; a local data file a preset calibrates on (a custom
+    recipe's need for data is llm-compressor's to say, after render).
     """
     model, output, calibration = args.model, args.output, args.calibration
     _, _, preset, values = fill(args.recipe)

@@ -6,7 +6,7 @@ snapshot at a revision; identity: the resolved commit sha) and the ClearML model
 `compressflow/model/download.py`. The hub token comes from a Prefect Secret block or HF_TOKEN,
 never from a flow parameter.
 
-The folder's checks, run before weights load, live in `compressflow/model/checkpoint.py`.
+The folder's checks, run before weights load, live in `compressflow/model/folder_checks/`.
 """
 
 from __future__ import annotations
@@ -17,14 +17,12 @@ from prefect import task
 
 from compressflow.errors import ModelFetchError
 from compressflow.logs import run_logger
-from compressflow.model.checkpoint import (
-    check_folder,
-    check_has_weights,
-    loading_class,
-    local_folder,
-    parameter_count,
-)
 from compressflow.model.download import fetch_from_clearml, fetch_from_hub
+from compressflow.model.folder_checks.files import local_folder
+from compressflow.model.folder_checks.registry import check_folder
+from compressflow.model.folder_checks.weights import check_has_weights
+from compressflow.model.headers import parameter_count
+from compressflow.model.loading import loading_class
 from compressflow.params import ModelArgs
 from compressflow.reporting import tracking
 from compressflow.results import FetchedModel

@@ -3,7 +3,7 @@
 The hub: a snapshot at a revision (identity: the resolved commit sha; honours the local cache and
 HF_HUB_OFFLINE), its outages told apart from mistakes. The token is handed in: the fetch model
 task reads it from a Prefect Secret block or leaves huggingface_hub to read HF_TOKEN, never from a
-flow parameter. The folder's files are checked by `compressflow/model/checkpoint.py`.
+flow parameter. The folder's files are checked by `compressflow/model/folder_checks/`.
 """
 
 from __future__ import annotations

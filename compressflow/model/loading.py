@@ -12,6 +12,9 @@ weight: `check_loads_completely` refuses an incomplete source before calibration
 error, and verify's reload of a model-free output checks its keys with it. The keys transformers
 leaves out by design (tied weights, `_keys_to_ignore_on_load_missing`, non-persistent buffers)
 are not in its report, so they are never refused.
+
+`loading_class` names the class that loads a model: the one asked for, or the one its config.json
+names when AutoModelForCausalLM would load something else.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ import logging
 from pathlib import Path
 
 from compressflow import compat
-from compressflow.errors import InputError
-from compressflow.model.checkpoint import loaded_files, named, weight_map_of
+from compressflow.errors import InputError, ModelFetchError, first_line
+from compressflow.logs import run_logger
+from compressflow.model.shards import loaded_files, named, weight_map_of
+from compressflow.params import DEFAULT_MODEL_CLASS, ModelArgs
 from compressflow.results import FetchedModel
 
 FIX = (
@@ -161,3 +166,66 @@ def placed(names: list[str], folder: Path) -> str:
     if shards:
         return f" ({index.name} places them in {named(shards)})"
     return f" ({index.name} lists none of them)"
+
+
+def loading_class(path: Path, args: ModelArgs) -> str:
+    """The transformers class that loads the model: `model_class`, or, with the default, the one
+    config.json names when AutoModelForCausalLM would load something else (vision-language
+    models: none at all, or Mllama's text-only class, which cannot read the full config)."""
+    import transformers
+
+    if args.model_class != DEFAULT_MODEL_CLASS or args.trust_remote_code:
+        if not hasattr(transformers, args.model_class):
+            raise ModelFetchError(
+                "model.model_class",
+                f"'{args.model_class}' is not a transformers class",
+                "use a transformers class name, e.g. AutoModelForCausalLM",
+            )
+        return args.model_class
+    from huggingface_hub.errors import StrictDataclassError
+
+    try:
+        config = transformers.AutoConfig.from_pretrained(path)
+    # What transformers raises for a config it cannot read: an unknown model_type, a dtype torch
+    # lacks, a field of the wrong type.
+    except (ValueError, TypeError, AttributeError, KeyError, StrictDataclassError) as exc:
+        raise ModelFetchError(
+            "model.model_id",
+            f"transformers cannot read {path / 'config.json'}: {first_line(exc)}",
+            "fix that field of config.json, or replace config.json with the model's original",
+        ) from None
+    refuse_stray_text_config(config, path)
+    mapping = compat.causal_lm_classes()
+    default = mapping[type(config)].__name__ if type(config) in mapping else None
+    named = [name for name in (config.architectures or []) if hasattr(transformers, name)]
+    if default is not None and (not named or named[0] == default):
+        return args.model_class
+    if not named:
+        raise ModelFetchError(
+            "model.model_class",
+            f"AutoModelForCausalLM cannot load {args.model_id} ({type(config).__name__}) and its "
+            "config.json names no transformers class",
+            "set model.model_class to the class that loads it, e.g. AutoModelForImageTextToText",
+        )
+    run_logger(__name__).info(
+        "%s is a %s: loading it with %s", args.model_id, type(config).__name__, named[0]
+    )
+    return named[0]
+
+
+def refuse_stray_text_config(config, path: Path) -> None:
+    """Refuse a `text_config` that is not a language model's configuration: on a config class
+    without one (a Llama's) transformers keeps whatever config.json holds there, and every later
+    get_text_config() fails on it ('str' object has no attribute 'to_dict'), or, for null, the
+    trace fails blaming the pipeline."""
+    from transformers import PretrainedConfig
+
+    if hasattr(config, "text_config") and not isinstance(config.text_config, PretrainedConfig):
+        raise ModelFetchError(
+            "model.model_id",
+            f"{path / 'config.json'} sets text_config to {config.text_config!r:.60}, which a "
+            f"{type(config).__name__} does not have: transformers keeps it as a plain value and "
+            "fails on it when it builds the model",
+            "remove text_config from config.json (a vision-language model's belongs to its own "
+            "model_type), or replace config.json with the model's original",
+        )

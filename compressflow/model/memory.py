@@ -36,7 +36,7 @@ import yaml
 
 from compressflow import compat
 from compressflow.errors import InputError, ResourceError
-from compressflow.model.checkpoint import tensor_index
+from compressflow.model.headers import tensor_index
 from compressflow.model.loading import load_complete
 from compressflow.params import GPU_SHARE, CalibrationArgs
 from compressflow.results import (

@@ -35,7 +35,7 @@ from typing import NamedTuple
 from compressflow.errors import InputError
 from compressflow.limits import read_json
 from compressflow.model import compile_cache, cpus
-from compressflow.model.checkpoint import tensor_index
+from compressflow.model.headers import tensor_index
 from compressflow.results import QualityMetrics, ServingCheck
 from compressflow.settings import settings
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 from compressflow.errors import InputError, first_line
 from compressflow.logs import run_logger
-from compressflow.model.checkpoint import loaded_files, tensor_index
+from compressflow.model.headers import tensor_index
 from compressflow.model.loading import check_loads_completely
+from compressflow.model.shards import loaded_files
 from compressflow.results import FetchedModel
 
 # safetensors' dtype names, for the dtype the model is built in (its buffers, its masks)

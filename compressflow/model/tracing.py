@@ -60,7 +60,7 @@ def unloaded_tensors(folder, model_class: str, trust_remote_code: bool) -> set[s
 
     from transformers import AutoConfig
 
-    from compressflow.model.checkpoint import tensor_index
+    from compressflow.model.headers import tensor_index
 
     names = set(tensor_index(Path(folder)))
     if not names:

@@ -18,7 +18,7 @@ import compressflow.data.build  # noqa: F401
 import compressflow.data.text_sources  # noqa: F401
 import compressflow.data.tokenizer  # noqa: F401
 import compressflow.data.vision  # noqa: F401
-import compressflow.model.checkpoint  # noqa: F401
+import compressflow.model.folder_checks.registry  # noqa: F401
 import compressflow.model.hardware  # noqa: F401
 import compressflow.model.loading  # noqa: F401
 import compressflow.model.memory  # noqa: F401

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import NamedTuple
 
-from compressflow.model.checkpoint import tensor_index
+from compressflow.model.headers import tensor_index
 from compressflow.model.memory import load_offloaded
 from compressflow.model.streaming import streamed_model
 from compressflow.params import VerifyArgs

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from compressflow.model.checkpoint import tensor_index
+from compressflow.model.headers import tensor_index
 from compressflow.model.tracing import unloaded_tensors
 from compressflow.params import DEFAULT_MODEL_CLASS
 from compressflow.results import VerificationCheck

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from compressflow.model.checkpoint import tensor_index
+from compressflow.model.headers import tensor_index
 from compressflow.results import VerificationCheck
 from compressflow.verification import Check
 

@@ -101,7 +101,7 @@ def test_a_cli_parameter_file_of_nested_aliases_is_refused(tmp_path):
 
 
 def test_an_oversized_or_too_deep_config_json_is_refused_naming_the_file(tmp_path):
-    from compressflow.model.checkpoint import check_config
+    from compressflow.model.folder_checks.config import check_config
     from compressflow.params import ModelArgs
 
     args = ModelArgs(model_id=str(tmp_path))
@@ -132,7 +132,7 @@ def test_one_large_value_inserted_at_many_places_is_refused_before_filling():
 
 
 def test_a_safetensors_header_claiming_over_100_mb_is_refused_before_it_is_read(tmp_path):
-    from compressflow.model.checkpoint import check_weight_files
+    from compressflow.model.folder_checks.weights import check_weight_files
 
     file = tmp_path / "model.safetensors"
     with file.open("wb") as handle:
@@ -145,7 +145,7 @@ def test_a_safetensors_header_claiming_over_100_mb_is_refused_before_it_is_read(
 
 
 def test_a_config_json_number_too_long_to_convert_is_refused_naming_the_file(tmp_path):
-    from compressflow.model.checkpoint import check_config
+    from compressflow.model.folder_checks.config import check_config
     from compressflow.params import ModelArgs
 
     config = tmp_path / "config.json"

@@ -22,8 +22,8 @@ from compressflow.errors import DatasetError, ModelFetchError, PublishError, Rec
 from compressflow.flows import checks
 from compressflow.flows.checks import precheck, resolve_inputs
 from compressflow.inputs import RunArgs
-from compressflow.model import checkpoint
-from compressflow.model.checkpoint import check_folder
+from compressflow.model.folder_checks import files as file_checks
+from compressflow.model.folder_checks.registry import check_folder
 from compressflow.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs
 
 DATA = {"dataset_name": "python_docs", "text_samples": 8, "max_seq_len": 64}
@@ -242,7 +242,7 @@ def test_a_json_file_past_the_cap_is_checked_by_its_ends(tiny_model, tmp_path, m
     folder = tmp_path / "model"
     shutil.copytree(tiny_model, folder)
     monkeypatch.setattr(
-        checkpoint, "MAX_JSON_BYTES", (folder / "tokenizer.json").stat().st_size // 2
+        file_checks, "MAX_JSON_BYTES", (folder / "tokenizer.json").stat().st_size // 2
     )
     check_folder(folder, ModelArgs(model_id=str(folder)))
     cut_tokenizer(folder)

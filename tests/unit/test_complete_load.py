@@ -3,10 +3,10 @@
 transformers fills a tensor the checkpoint's files do not hold with fresh random values and only
 warns: a sharded checkpoint whose index placed one tensor in the wrong shard was calibrated,
 verified against a base loaded the same way, and published. Refused now: at fetch, without torch,
-when the index and the shards disagree (compressflow/model/checkpoint.py `check_index`); before
-calibration, from the headers, when the model class needs a tensor the files do not hold
-(compressflow/model/loading.py `check_loads_completely`); and at every load of weights
-(`load_complete`), the only `from_pretrained` of weights there is.
+when the index and the shards disagree (compressflow/model/folder_checks/weights.py
+`check_index`); before calibration, from the headers, when the model class needs a tensor the
+files do not hold (compressflow/model/loading.py `check_loads_completely`); and at every load of
+weights (`load_complete`), the only `from_pretrained` of weights there is.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def test_an_index_that_places_a_tensor_in_the_wrong_shard_is_refused_at_fetch(sh
     # Decided from the files alone: the flow's own process, which never imports torch, refuses it.
     code = (
         "import sys; from pathlib import Path\n"
-        "from compressflow.model.checkpoint import check_weight_files\n"
+        "from compressflow.model.folder_checks.weights import check_weight_files\n"
         "from compressflow.errors import ModelFetchError\n"
         "try:\n"
         f"    check_weight_files(Path({str(folder)!r}))\n"
@@ -132,7 +132,7 @@ def test_an_index_that_places_a_tensor_in_the_wrong_shard_is_refused_at_fetch(sh
 def test_an_index_that_disagrees_with_its_shards_is_refused_naming_tensor_and_file(
     sharded, tiny_model, tmp_path, case, words
 ):
-    from compressflow.model.checkpoint import check_weight_files
+    from compressflow.model.folder_checks.weights import check_weight_files
 
     folder = copy_of(sharded, tmp_path)
     shards = sorted(set(weight_map(folder).values()))
@@ -172,7 +172,7 @@ def test_an_index_that_disagrees_with_its_shards_is_refused_naming_tensor_and_fi
 
 
 def test_a_consistent_sharded_checkpoint_passes(sharded):
-    from compressflow.model.checkpoint import check_weight_files
+    from compressflow.model.folder_checks.weights import check_weight_files
     from compressflow.model.loading import check_loads_completely
 
     assert LOST in check_weight_files(sharded)

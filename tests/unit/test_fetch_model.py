@@ -210,7 +210,7 @@ def write_safetensors(file: Path, header: bytes, data: bytes = b"") -> Path:
     ],
 )
 def test_a_malformed_safetensors_header_is_refused_naming_the_file(tmp_path, header, problem):
-    from compressflow.model.checkpoint import check_weight_files
+    from compressflow.model.folder_checks.weights import check_weight_files
 
     file = write_safetensors(tmp_path / "model.safetensors", header, b"\0" * 4)
     with pytest.raises(ModelFetchError) as raised:
@@ -231,7 +231,7 @@ def test_a_malformed_safetensors_header_is_refused_naming_the_file(tmp_path, hea
     ],
 )
 def test_a_malformed_shard_index_is_refused_naming_it(tmp_path, text, problem):
-    from compressflow.model.checkpoint import check_weight_files
+    from compressflow.model.folder_checks.weights import check_weight_files
 
     index = tmp_path / "model.safetensors.index.json"
     index.write_text(text)
@@ -287,7 +287,7 @@ def test_a_config_json_transformers_cannot_read_is_refused_naming_it(
 
 
 def test_real_config_shapes_pass_the_size_check(tmp_path):
-    from compressflow.model.checkpoint import check_sizes
+    from compressflow.model.folder_checks.config import check_sizes
 
     names = {"model.language_model.layers.1.mlp.up_proj.weight", "vision.layers.26.fc.weight"}
     # Per-layer sizes (Gemma 3n), unset head_dim (older Mistral), the text model's own config.

@@ -263,7 +263,7 @@ def test_a_model_free_reload_checks_the_keys_reading_no_weight(tiny_model, tmp_p
     output lacks is still reported as transformers reports it."""
     import transformers.modeling_utils
 
-    from compressflow.model.checkpoint import tensor_index
+    from compressflow.model.headers import tensor_index
     from compressflow.verification.reload import reload
 
     out, model, plan = model_free_output(tiny_model, tmp_path)
