@@ -14,7 +14,7 @@ from prefect.cache_policies import NO_CACHE
 from compressflow.inputs import Inputs
 from compressflow.logs import run_logger
 from compressflow.model import cpus
-from compressflow.model.memory import stage_offload_folder
+from compressflow.model.offload import stage_offload_folder
 from compressflow.reporting import tracking
 from compressflow.reporting.progress import CalibrationProgress
 from compressflow.results import Calibration, MemoryPlan

@@ -16,7 +16,7 @@ from prefect.cache_policies import NO_CACHE
 
 from compressflow.errors import VerificationError
 from compressflow.logs import run_logger
-from compressflow.model.memory import stage_offload_folder
+from compressflow.model.offload import stage_offload_folder
 from compressflow.params import VerifyArgs
 from compressflow.reporting import tracking
 from compressflow.reporting.artifacts import artifact_key, display_name, logit_figures

@@ -39,7 +39,7 @@ from compressflow.inputs import Inputs
 from compressflow.logs import run_logger
 from compressflow.model import compile_cache
 from compressflow.model.loading import load_complete
-from compressflow.model.memory import load_offloaded
+from compressflow.model.offload import load_offloaded
 from compressflow.model.tracing import trace_config
 from compressflow.params import RecipeArgs, VerifyArgs
 from compressflow.registries.architectures import ARCHITECTURES

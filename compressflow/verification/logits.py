@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from compressflow.model.headers import tensor_index
-from compressflow.model.memory import load_offloaded
+from compressflow.model.offload import load_offloaded
 from compressflow.model.streaming import streamed_model
 from compressflow.params import VerifyArgs
 from compressflow.registries.thresholds import scheme_family

@@ -280,7 +280,7 @@ def test_the_loader_refuses_a_folder_missing_a_tensor_naming_tensor_and_file(sha
 def test_calibration_and_the_offloaded_load_refuse_it_too(tiny_model, tmp_path):
     """In memory, and under compressed-tensors' `load_offloaded_model` (disk placement, and a
     multi-GPU rank's load), which expects `from_pretrained` to return the model alone."""
-    from compressflow.model.memory import load_offloaded
+    from compressflow.model.offload import load_offloaded
     from compressflow.results import MemoryPlan
     from compressflow.runtime.calibration import load_for_calibration
 

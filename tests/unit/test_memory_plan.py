@@ -14,13 +14,8 @@ from support.plans import BF16_BYTES, LLAMA_8B, Config, data, model_8b
 
 from compressflow.errors import ResourceError
 from compressflow.flows.validate import validate
-from compressflow.model.memory import (
-    GIB,
-    make_plan,
-    model_free_spec,
-    stage_offload_folder,
-    truncated_share,
-)
+from compressflow.model.memory import GIB, make_plan, model_free_spec, truncated_share
+from compressflow.model.offload import stage_offload_folder
 from compressflow.params import GPU_SHARE, CalibrationArgs, RecipeArgs
 from compressflow.recipes.render import render
 from compressflow.reporting.model_card import memory_line
