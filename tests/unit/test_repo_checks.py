@@ -55,6 +55,23 @@ def test_markdown_links_lead_to_a_file_and_a_heading(tmp_path, monkeypatch):
     ]
 
 
+def test_a_cited_section_must_be_a_heading_of_its_page(tmp_path, monkeypatch):
+    refs = _tool("check_references")
+    monkeypatch.setattr(refs, "ROOT", tmp_path)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "page.md").write_text("# Page\n\n## GPU hosts: one per GPU\n")
+    page = "docs" + "/page.md"  # spelt in two parts: the check reads this file too
+    source = tmp_path / "code.py"
+    source.write_text(
+        f'# ({page}, "GPU hosts: one per GPU") ({page}, "GPU hosts") {page}#gpu-hosts-one-per-gpu\n'
+        f'# ({page}, "GPU nodes") {page}#gpu-hosts\n'
+    )
+    assert refs.stale(source) == [
+        f'code.py:2: {page} has no heading "GPU nodes"',
+        f"code.py:2: {page} has no heading #gpu-hosts",
+    ]
+
+
 def test_private_library_names_are_refused_outside_the_adapter(tmp_path):
     layers = _tool("check_layers")
     source = tmp_path / "sample.py"
@@ -140,3 +157,17 @@ def test_a_shared_layer_imports_itself_freely_and_still_points_down(tmp_path, mo
         f"{Path('pkg', 'data', 'args.py')}:1: pkg.data.args (pkg.data.args) imports "
         "pkg.model.load (pkg.model), a higher layer"
     ]
+
+
+def test_every_package_folder_is_installed():
+    """A normal (non-editable) install takes only the packages pyproject.toml lists."""
+    import tomllib
+
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {"compressflow": "compressflow", **tool["package-dir"]}
+    found = {
+        ".".join([name, *init.parent.relative_to(ROOT / folder).parts])
+        for name, folder in folders.items()
+        for init in (ROOT / folder).rglob("__init__.py")
+    }
+    assert found - set(tool["packages"]) == set()
