@@ -10,7 +10,6 @@ model. A run that reuses an output published earlier shows the same summary, mar
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 from prefect import task
@@ -39,11 +38,10 @@ from compressflow.results import (
     Verification,
 )
 from compressflow.store.disk_space import disk_full_is_clear
-from compressflow.store.identity import changed_since, file_digests, library_versions
+from compressflow.store.identity import changed_since, file_digests
 from compressflow.store.manifest import (
     MANIFEST,
     Manifest,
-    ManifestResult,
     hashed_files,
     published_files,
     published_model,
@@ -138,36 +136,9 @@ def publish(
     `inputs.recipe` is the recipe `calibration` ran (a target search's chosen round);
     `search`: what compressing to a quality target tried, when the run had a target."""
     started = time.perf_counter()
-    model, dataset, recipe, output = inputs.model, inputs.dataset, inputs.recipe, inputs.args.output
+    model, recipe, output = inputs.model, inputs.recipe, inputs.args.output
     key, staging, target_path = inputs.key, Path(calibration.staging_path), inputs.target
-    manifest = Manifest(
-        created_at=datetime.now(timezone.utc).isoformat(),
-        result=ManifestResult(
-            run_key=key,
-            model_identity=model.identity,
-            scheme=recipe.scheme,
-            size_bytes=calibration.checkpoint_bytes,
-            original_size_bytes=model.size_bytes,
-            compression_ratio=round(model.size_bytes / max(calibration.checkpoint_bytes, 1), 3),
-        ),
-        inputs=inputs.args.recorded(),
-        model=model.model_dump(exclude={"path"}),
-        dataset=dataset.model_dump(exclude={"path"}) if dataset else None,
-        recipe=recipe.model_dump(exclude={"yaml"}),
-        libraries=library_versions(),
-        stages=stages,
-        calibration_seconds=round(calibration.seconds, 3),
-        resumed_from=calibration.resumed_from,
-        reference_seconds=calibration.reference_seconds,
-        peak_rss_mb=calibration.peak_rss_mb,
-        peak_gpu_mb=calibration.peak_gpu_mb,
-        modules=calibration.modules,
-        layers=calibration.layers,
-        tags=output.tags,
-        verification=verification,
-        memory_plan=plan,
-        target=search,
-    )
+    manifest = Manifest.of_run(inputs, calibration, plan, verification, stages, search)
     check_source_unchanged(model)
     with disk_full_is_clear(staging):
         (staging / "recipe.yaml").write_text(recipe.yaml)

@@ -12,15 +12,18 @@ business; how it is staged and sealed, `compressflow.store.staging`'s.
 from __future__ import annotations
 
 import os
+from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from compressflow.errors import PublishError
+from compressflow.inputs import Inputs
 from compressflow.limits import MAX_JSON_BYTES, not_regular
 from compressflow.params import DatasetArgs, ModelArgs
 from compressflow.results import (
+    Calibration,
     EvaluationReport,
     LayerTime,
     MemoryPlan,
@@ -31,7 +34,7 @@ from compressflow.results import (
     Verification,
 )
 from compressflow.store.atomic import write_atomic
-from compressflow.store.identity import file_digests
+from compressflow.store.identity import file_digests, library_versions
 
 MANIFEST = "manifest.json"
 CARD = "README.md"  # the model card (compressflow.reporting.model_card writes it)
@@ -118,6 +121,53 @@ class Manifest(BaseModel):
             if not name or path.is_absolute() or ".." in path.parts or str(path) != name:
                 raise ValueError(f"{name!r} is not a plain path inside the output folder")
         return files
+
+    @classmethod
+    def of_run(
+        cls,
+        inputs: Inputs,
+        calibration: Calibration,
+        plan: MemoryPlan,
+        verification: Verification,
+        stages: list[StageRecord],
+        search: TargetSearch | None,
+    ) -> Manifest:
+        """The manifest of a run about to publish what `calibration` staged, less the files it
+        publishes (known once the staging folder is complete). `inputs.recipe` is the recipe
+        `calibration` ran (a target search's chosen round); `search`: what compressing to a
+        quality target tried."""
+        model, dataset, recipe = inputs.model, inputs.dataset, inputs.recipe
+        return cls(
+            created_at=datetime.now(timezone.utc).isoformat(),
+            result=ManifestResult(
+                run_key=inputs.key,
+                model_identity=model.identity,
+                scheme=recipe.scheme,
+                size_bytes=calibration.checkpoint_bytes,
+                original_size_bytes=model.size_bytes,
+                compression_ratio=round(model.size_bytes / max(calibration.checkpoint_bytes, 1), 3),
+            ),
+            inputs=inputs.args.recorded(),
+            model=model.model_dump(exclude={"path"}),
+            dataset=dataset.model_dump(exclude={"path"}) if dataset else None,
+            recipe=recipe.model_dump(exclude={"yaml"}),
+            libraries=library_versions(),
+            stages=stages,
+            # The calibration's figures lie flat, under the names manifests already published
+            # carry (reuse checks read those back); its staging and reference paths are the
+            # run's own, never published.
+            calibration_seconds=round(calibration.seconds, 3),
+            resumed_from=calibration.resumed_from,
+            reference_seconds=calibration.reference_seconds,
+            peak_rss_mb=calibration.peak_rss_mb,
+            peak_gpu_mb=calibration.peak_gpu_mb,
+            modules=calibration.modules,
+            layers=calibration.layers,
+            tags=inputs.args.output.tags,
+            verification=verification,
+            memory_plan=plan,
+            target=search,
+        )
 
     def base_model_args(self) -> ModelArgs | None:
         """The ModelArgs the compressed model was made from."""
