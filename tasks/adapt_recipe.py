@@ -11,7 +11,6 @@ asked for. Mappings or ignore entries the user wrote always win.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Sequence
@@ -29,6 +28,7 @@ from compressflow.registries.architectures import ARCHITECTURES, Architecture
 from compressflow.reporting import tracking
 from compressflow.results import FetchedModel, RenderedRecipe
 from compressflow.runtime.isolation import in_child
+from compressflow.store.identity import recipe_sha256
 
 
 def model_config(model: FetchedModel) -> dict[str, Any]:
@@ -118,7 +118,7 @@ def adapt_recipe(recipe: RenderedRecipe, model: FetchedModel) -> RenderedRecipe:
     adapted = recipe.model_copy(
         update={
             "yaml": text,
-            "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+            "sha256": recipe_sha256(text),
             "modifiers": modifiers,
             "data_modifiers": recipe.data_modifiers - (len(recipe.modifiers) - len(modifiers)),
             "notes": [*recipe.notes, *notes],

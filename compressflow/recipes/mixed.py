@@ -13,7 +13,6 @@ config group per precision naming its modules, and the 16-bit ones in its ignore
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from compressflow.results import (
     TargetRound,
     TargetSearch,
 )
+from compressflow.store.identity import recipe_sha256
 
 BITS_FIELD = "target.avg_bits"
 RATIO_FIELD = "target.max_perplexity_ratio"
@@ -351,7 +351,7 @@ def mixed_recipe(recipe: RenderedRecipe, mix: Mix) -> RenderedRecipe:
     return recipe.model_copy(
         update={
             "yaml": text,
-            "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+            "sha256": recipe_sha256(text),
             "notes": [*recipe.notes, note],
         }
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import yaml
@@ -17,6 +16,7 @@ from compressflow.recipes.tree import dump_recipe, first_scheme, iter_modifiers,
 from compressflow.recipes.validate import validate
 from compressflow.registries.presets import KV_CACHE_FP8, KV_CACHE_SCHEMES
 from compressflow.results import RenderedRecipe
+from compressflow.store.identity import recipe_sha256
 
 # Pipelines llm-compressor runs as asked; the others are inferred from the modifiers.
 _EXPLICIT_PIPELINES = ("basic", "datafree")
@@ -112,7 +112,7 @@ def render(args: RecipeArgs) -> RenderedRecipe:
 
     return RenderedRecipe(
         yaml=text,
-        sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
+        sha256=recipe_sha256(text),
         source=source,
         modifiers=[type(m).__name__ for m in modifiers],
         scheme=first_scheme(recipe) or preset_name,  # W4AFP8 is written out as config groups

@@ -10,14 +10,13 @@ the last miss and the first hit (`next_count`). The search loop is the search ta
 
 from __future__ import annotations
 
-import hashlib
-
 import yaml
 
 from compressflow.errors import InputError, TargetNotMet
 from compressflow.params import MAX_TARGET_ROUNDS, TargetArgs
 from compressflow.recipes.tree import add_ignore, dump_recipe, iter_modifiers, quantizes
 from compressflow.results import Calibration, RenderedRecipe, TargetRound, TargetSearch
+from compressflow.store.identity import recipe_sha256
 
 FIELD = "target.max_perplexity_ratio"
 # The modifier whose per-module error ranks the modules (tasks/calibrate.py's sink
@@ -90,7 +89,7 @@ def with_unquantized(recipe: RenderedRecipe, modules: list[str]) -> RenderedReci
     return recipe.model_copy(
         update={
             "yaml": text,
-            "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+            "sha256": recipe_sha256(text),
             "notes": [*recipe.notes, note],
         }
     )

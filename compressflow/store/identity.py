@@ -8,6 +8,8 @@ A cache bug means reading this module. Each key hashes what decides its result, 
 - `cache_key`: a cached stage's result (Prefect's inputs and task source, `code_identity()`, and
   the stat signature of every local path among the inputs: a folder edited in place keeps its
   path) (`store.caching.LocalSourceAware`).
+- `recipe_sha256`: a rendered recipe (its YAML text; the recipe engine and the target strategies
+  set it on every recipe they make), part of `run_key`.
 - `resume_key`: a calibration checkpoint (what calibration reads, the code that runs it)
   (`runtime.resume`).
 - `code_identity`: every .py file of the installed package and the libraries' versions. What a
@@ -296,6 +298,11 @@ def tokenizer_identity(tokenizer) -> str:
 
 
 # ---------------------------------------------------------------- keys
+
+
+def recipe_sha256(text: str) -> str:
+    """A rendered recipe's identity (`RenderedRecipe.sha256`, part of `run_key`): its YAML text."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def run_key(
