@@ -20,6 +20,7 @@ from typing import Any
 
 from compressflow.data.text_sources import check_local, local_source
 from compressflow.errors import PublishError, SettingsError
+from compressflow.flows.strategies import choose
 from compressflow.inputs import Inputs, RunArgs
 from compressflow.model.folder_checks.files import local_folder
 from compressflow.model.folder_checks.registry import check_folder
@@ -29,9 +30,7 @@ from compressflow.model.hardware import (
     refuse_unsupported,
 )
 from compressflow.model.loading import check_loads_completely
-from compressflow.recipes.mixed import check_budget, mixes
 from compressflow.recipes.render import fill
-from compressflow.recipes.target import check_searchable
 from compressflow.registries.presets import PRESETS
 from compressflow.results import MemoryPlan
 from compressflow.runtime.gpus import refuse_fewer_samples, refuse_too_few
@@ -122,12 +121,10 @@ def resolve_inputs(run: Runner, args: RunArgs, weights: bool = True) -> Inputs:
         # forkserver's imports, which cost a reused run 5 s it had no other use for.
         if needs_accelerator(rendered):
             in_child(refuse_unsupported, rendered)
-        # A target needs what its method measures: refused before anything downloads. Mixing
+        # A target needs what its strategy measures: refused before anything downloads. Mixing
         # needs a preset of a known precision family; leaving modules out, GPTQ's per-module
         # error.
-        check_budget(rendered, args.target)
-        if not mixes(rendered, args.target):
-            check_searchable(rendered, args.target)
+        choose(rendered, args.target).check(rendered, args.target)
         fetched = run(fetch_model, model, weights)
     refuse_fp4_on_float32(rendered, fetched)
     rendered = run(adapt_recipe, rendered, fetched)

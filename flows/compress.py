@@ -2,9 +2,10 @@
 
 Cheap checks run first (the recipe renders before anything is downloaded; the output folder is
 checked before calibration), so mistakes fail in seconds. A run whose inputs match an output
-already published returns it without calibrating again. With a quality target, calibration runs
-again with modules left unquantized until the target is met (tasks/search_target.py), and the
-round that meets it goes on to verify and publish.
+already published returns it without calibrating again. Calibration is the target strategy's
+that applies (flows/strategies.py): the recipe as asked, or with a quality target, a search that
+calibrates again with modules left unquantized (tasks/search_target.py) or a mix of precisions
+(tasks/mix_precision.py); the calibration it chooses goes on to verify and publish.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from pathlib import Path
 
 from prefect import flow
 
-from compressflow.blocks.clearml_settings import load_clearml_settings
 from compressflow.flows.checks import check_before_calibration, resolve_inputs
+from compressflow.flows.opening import opened
+from compressflow.flows.strategies import Calibrations, choose
 from compressflow.inputs import RunArgs
 from compressflow.logs import run_logger
 from compressflow.model.serving import require_vllm
@@ -29,7 +31,6 @@ from compressflow.params import (
     TrackingArgs,
     VerifyArgs,
 )
-from compressflow.recipes.mixed import mixes
 from compressflow.reporting.lineage import (
     add_run_tags,
     compress_run_name,
@@ -37,22 +38,19 @@ from compressflow.reporting.lineage import (
     materializing,
     publish_lineage,
 )
-from compressflow.reporting.tracking import track_flow_run
-from compressflow.results import Calibration, PublishedModel, RenderedRecipe
+from compressflow.results import PublishedModel
 from compressflow.runtime.events import emit_published
 from compressflow.runtime.gpus import gpu_slots
 from compressflow.runtime.isolation import warm_up
 from compressflow.runtime.resume import discard
-from compressflow.runtime.stages import Stages, boundary
+from compressflow.runtime.stages import Stages
 from compressflow.settings import check_settings
 from compressflow.store.locks import output_lock
 from compressflow.store.output import find_published
-from compressflow.store.staging import remove_leftovers, remove_staging, staging_path
+from compressflow.store.staging import remove_leftovers, remove_staging
 from compressflow.tasks.build_held_out import build_held_out
 from compressflow.tasks.calibrate import calibrate
-from compressflow.tasks.mix_precision import mix_precision
 from compressflow.tasks.publish import publish, summarize_reused
-from compressflow.tasks.search_target import measure_perplexity, search_target
 from compressflow.tasks.verify import verify, verify_reused
 from compressflow.verification.vllm import vllm_not_run
 
@@ -102,18 +100,11 @@ def compress(
     )
     # The flow run only, not its task runs: Prefect asks the server for a concurrency slot of
     # every tag of every task run, which on its SQLite backend took 2 s after a long stage
-    # ("database is locked", retried; benchmarks/README.md).
+    # ("database is locked", retried; docs/benchmarks/flow-vs-bare.md#prefects-tag-concurrency).
     add_run_tags([*output.tags, recipe.label()])
-    with (
-        boundary("compress-model"),  # what escapes the stages' own boundaries, outside them
-        track_flow_run(
-            tracking,
-            load_clearml_settings(tracking.clearml_block),
-            compress_run_name(model, recipe),
-            output.tags,
-            args.recorded(),
-        ) as tracker,
-    ):
+    with opened(
+        "compress-model", tracking, compress_run_name(model, recipe), output.tags, args.recorded()
+    ) as tracker:
         published = run_stages(args)
         # Emitted for new and reused outputs alike: compressflow/runtime/events.py says why.
         emit_published(published, model, output.auto_evaluate)
@@ -155,33 +146,14 @@ def run_stages(args: RunArgs) -> PublishedModel:
             held_out = stages.run(
                 build_held_out, args.target.held_out.dataset_args(), resolved.model, args.dataset
             )
-        # Every staging folder this run makes (one per calibration): ours to delete.
-        stagings: list[Path] = []
-
-        def calibrate_into_staging(rendered: RenderedRecipe) -> Calibration:
-            stagings.append(staging_path(target))
-            return stages.run(
-                calibrate.with_options(timeout_seconds=calibration.timeout_minutes * 60 or None),
-                resolved.with_recipe(rendered),
-                plan,
-                str(stagings[-1]),
-            )
-
+        strategy = choose(resolved.recipe, args.target)  # as asked, a search or a mix
+        # It keeps every staging folder this run makes (one per calibration): ours to delete.
+        calibrations = Calibrations(stages, resolved, plan, held_out)
         try:
             # The run's GPUs, held from its first calibration to the end of verify: the stages
             # between (perplexity, sensitivity, the reload, vLLM) use them too, and only them.
             with gpu_slots(calibration.gpus, wait_limit, "calibration and verification"):
-                if mixes(resolved.recipe, args.target):  # a precision per module, chosen first
-                    calibrated, chosen, search = mix_precision(
-                        stages.run, resolved, held_out, calibrate_into_staging, measure_perplexity
-                    )
-                else:
-                    calibrated = calibrate_into_staging(resolved.recipe)
-                    chosen, search = resolved.recipe, None
-                    if held_out is not None:
-                        calibrated, chosen, search = search_target(
-                            stages.run, resolved, calibrated, held_out, calibrate_into_staging
-                        )
+                calibrated, chosen, search = strategy.run(calibrations)
                 verification = stages.run(
                     verify, calibrated, resolved.model, chosen, plan, verify_args, str(target)
                 )
@@ -201,7 +173,7 @@ def run_stages(args: RunArgs) -> PublishedModel:
                 discard(Path(plan.checkpoint_folder))
         finally:
             # The published one is gone already (renamed); the reference logits never published.
-            for staging in stagings:
+            for staging in calibrations.stagings:
                 remove_staging(staging)
             if plan.offload_folder and not calibration.offload_folder:  # ours, not the user's
                 shutil.rmtree(plan.offload_folder, ignore_errors=True)

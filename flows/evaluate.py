@@ -20,13 +20,13 @@ from typing import Literal
 from prefect import flow
 from prefect.artifacts import create_table_artifact
 
-from compressflow.blocks.clearml_settings import load_clearml_settings
 from compressflow.errors import (
     EvaluationError,
     InputError,
     PublishError,
     QualityThresholdExceeded,
 )
+from compressflow.flows.opening import opened
 from compressflow.logs import run_logger
 from compressflow.model.serving import require_vllm
 from compressflow.params import (
@@ -56,9 +56,8 @@ from compressflow.reporting.lineage import (
 )
 from compressflow.reporting.model_card import CARD, add_evaluation, evaluation_section
 from compressflow.reporting.quality import breaches
-from compressflow.reporting.tracking import track_flow_run
 from compressflow.results import EvaluationReport, FetchedModel, HeldOutText, LmEvalScores
-from compressflow.runtime.stages import Stages, boundary
+from compressflow.runtime.stages import Stages
 from compressflow.settings import check_settings
 from compressflow.store.locks import output_lock
 from compressflow.store.manifest import Manifest, changed_files, read_manifest, replace_manifest
@@ -218,16 +217,13 @@ def evaluate(
         "engine": {"engine": engine},
     }
     stages = Stages(timeout_fields={run_lm_eval.name: "lm_eval.timeout_minutes"})
-    with (
-        boundary("evaluate-model"),  # what escapes the stages' own boundaries, outside them
-        track_flow_run(
-            tracking,
-            load_clearml_settings(tracking.clearml_block),
-            f"evaluate {compressed_path.name}",
-            ["evaluation", scheme or "custom"],
-            inputs,
-        ) as tracker,
-    ):
+    with opened(
+        "evaluate-model",
+        tracking,
+        f"evaluate {compressed_path.name}",
+        ["evaluation", scheme or "custom"],
+        inputs,
+    ) as tracker:
         fetched = stages.run(fetch_model, base)
         text = stages.run(
             build_held_out,

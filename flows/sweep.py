@@ -22,7 +22,7 @@ from pathlib import Path
 from prefect import flow
 from prefect.artifacts import create_table_artifact
 
-from compressflow.blocks.clearml_settings import load_clearml_settings
+from compressflow.flows.opening import opened
 from compressflow.logs import run_logger
 from compressflow.params import (
     METRICS,
@@ -38,9 +38,8 @@ from compressflow.params import (
 )
 from compressflow.reporting.artifacts import artifact_key, metric_value
 from compressflow.reporting.lineage import compress_run_name, current_parameters
-from compressflow.reporting.tracking import track_flow_run
 from compressflow.results import Point, PointResult, SweepReport
-from compressflow.runtime.stages import Stages, boundary
+from compressflow.runtime.stages import Stages
 from compressflow.settings import check_settings
 from compressflow.tasks.build_dataset import build_dataset
 from compressflow.tasks.fetch_model import fetch_model
@@ -129,16 +128,9 @@ def sweep(
         "objective": objective.model_dump(),
     }
     stages = Stages()
-    with (
-        boundary("sweep-recipe"),  # what escapes the stages' own boundaries, outside them
-        track_flow_run(
-            tracking,
-            load_clearml_settings(tracking.clearml_block),
-            f"sweep {model.model_id.rsplit('/', 1)[-1]}",
-            ["sweep"],
-            inputs,
-        ) as tracker,
-    ):
+    with opened(
+        "sweep-recipe", tracking, f"sweep {model.model_id.rsplit('/', 1)[-1]}", ["sweep"], inputs
+    ) as tracker:
         # Shared work, once: every point's compress run finds these in the cache.
         rendered = stages.run(
             render_recipe,

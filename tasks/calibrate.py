@@ -1,7 +1,9 @@
 """Calibrate: the Prefect face of calibration; the work is compressflow.runtime.calibration's.
 
 The task takes a GPU slot (the one the compress flow holds already, inside it), starts `calibrate_here` in a process of its own (or one rank per GPU),
-drives the progress artifact from its events and reports its per-module metrics.
+drives the progress artifact from its events and reports its per-module metrics. A run without
+a target calibrates once, as asked: `AS_ASKED`, the simplest target strategy
+(compressflow/runtime/strategies.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from compressflow.runtime.calibration import calibrate_here
 from compressflow.runtime.distributed import run_distributed
 from compressflow.runtime.gpus import gpu_slots
 from compressflow.runtime.isolation import run_isolated
+from compressflow.runtime.strategies import Calibrating, Outcome, Strategy
 
 
 def layer_index(module_name: str) -> int:
@@ -67,6 +70,18 @@ def calibrate(inputs: Inputs, plan: MemoryPlan, staging_path: str) -> Calibratio
         result = result.model_copy(update={"layers": progress[0].layers})
     report(result)
     return result
+
+
+def as_asked(calibrating: Calibrating) -> Outcome:
+    """The recipe as asked, calibrated once: nothing to search."""
+    recipe = calibrating.inputs.recipe
+    return calibrating.calibrate(recipe), recipe, None
+
+
+# The strategy of a run without a target (flows/strategies.py lists it).
+AS_ASKED = Strategy(
+    name="as asked", applies=lambda recipe, target: not target.wanted(), run=as_asked
+)
 
 
 def report(result: Calibration) -> None:

@@ -10,14 +10,14 @@ and a second calibration tries the mix it then predicts: smaller when the first 
 with room, larger when it missed. The smallest output that meets the target is published; none
 meeting it raises TargetNotMet, and nothing is published. The trade-off the budget was chosen
 from goes to the Prefect run (an artifact), ClearML (plots) and the manifest (for the card).
+It is a target strategy (`MIX_PRECISION`: compressflow/runtime/strategies.py), chosen by
+`compressflow.recipes.mixed.mixes`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
@@ -28,11 +28,13 @@ from compressflow.logs import run_logger
 from compressflow.recipes.mixed import (
     Mix,
     chart_points,
+    check_budget,
     describe_mix,
     family_of,
     frontier,
     mix_not_met,
     mixed_recipe,
+    mixes,
     quantized_ignore,
     smallest_meeting,
     within_bits,
@@ -53,6 +55,7 @@ from compressflow.results import (
     TargetSearch,
 )
 from compressflow.runtime.isolation import in_child
+from compressflow.runtime.strategies import Calibrating, Outcome, Strategy
 from compressflow.store.staging import remove_staging
 
 # The budgets the chart predicts beside the one asked for.
@@ -77,20 +80,13 @@ def measure(model: FetchedModel, held_out: HeldOutText, family: str, ignore: lis
     return sensitivity
 
 
-def mix_precision(
-    run: Callable[..., Any],
-    inputs: Inputs,
-    held_out: HeldOutText,
-    recalibrate: Callable[[RenderedRecipe], Calibration],
-    measure_perplexity: Callable[..., float],
-) -> tuple[Calibration, RenderedRecipe, TargetSearch]:
-    """The published mix: its calibration, its recipe, and what was tried. `recalibrate(recipe)`
-    calibrates into a staging folder of its own; `measure_perplexity` is the held-out perplexity
-    task; `run` runs a stage (the flow's `Stages.run`)."""
+def mix_precision(calibrating: Calibrating) -> Outcome:
+    """The published mix: its calibration, its recipe, and what was tried."""
+    inputs, held_out = calibrating.inputs, calibrating.held_out
     recipe, model, target = inputs.recipe, inputs.model, inputs.args.target
     log = run_logger(__name__)
     family = family_of(recipe)
-    sensitivity = run(measure, model, held_out, family, quantized_ignore(recipe))
+    sensitivity = calibrating.run(measure, model, held_out, family, quantized_ignore(recipe))
     budgets = sorted({*CHART_BUDGETS, *([target.avg_bits] if target.avg_bits else [])})
     path, base = frontier(sensitivity, tuple(budgets)), sensitivity.base_perplexity
     limit = target.max_perplexity_ratio
@@ -115,8 +111,8 @@ def mix_precision(
 
     def calibrate_and_measure(mix: Mix) -> TargetRound:
         mixed = mixed_recipe(recipe, mix)
-        calibration = recalibrate(mixed)
-        measured = run(measure_perplexity, calibration.staging_path, model, held_out)
+        calibration = calibrating.calibrate(mixed)
+        measured = calibrating.perplexity(calibration.staging_path)
         result = TargetRound(
             round=len(search.rounds) + 1,
             unquantized=[n for n, p in mix.precisions.items() if p == "16-bit"],
@@ -172,3 +168,7 @@ def publish_tradeoff(inputs: Inputs, search: TargetSearch, points: list[MixPoint
         markdown=tradeoff_markdown(search, points),
         description="Size against held-out perplexity: what the budget was chosen from",
     )
+
+
+# flows/strategies.py lists it.
+MIX_PRECISION = Strategy(name="mix precision", applies=mixes, run=mix_precision, check=check_budget)

@@ -6,23 +6,24 @@ held-out perplexity over the base model's is above `target.max_perplexity_ratio`
 leaves more of the modules with the largest round-1 error unquantized (which ones, how many, and
 the recipe that leaves them: `compressflow.recipes.target`), so the published set is the smallest
 one found in `target.max_rounds` calibrations. Every round is a full calibration by the calibrate
-stage, which the flow hands in (stages never import one another); the outputs that lose are
-deleted as soon as a better one is known. A search that ends without a hit raises TargetNotMet,
+stage, run through the `Calibrating` the flow gives every target strategy (stages never import one
+another: compressflow/runtime/strategies.py); the outputs that lose are deleted as soon as a
+better one is known. A search that ends without a hit raises TargetNotMet,
 and the flow publishes nothing. Perplexity is `compressflow.reporting.quality`'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from compressflow.inputs import Inputs
 from compressflow.logs import run_logger
+from compressflow.params import TargetArgs
+from compressflow.recipes.mixed import mixes
 from compressflow.recipes.target import (
+    check_searchable,
     describe,
     next_count,
     not_met,
@@ -40,6 +41,7 @@ from compressflow.results import (
     TargetSearch,
 )
 from compressflow.runtime.isolation import in_child
+from compressflow.runtime.strategies import Calibrating, Outcome, Strategy
 from compressflow.store.staging import remove_staging
 
 
@@ -49,22 +51,16 @@ def measure_perplexity(path: str, model: FetchedModel, held_out: HeldOutText) ->
     return in_child(perplexity_of, path, model, held_out)
 
 
-def search_target(
-    run: Callable[..., Any],
-    inputs: Inputs,
-    first: Calibration,
-    held_out: HeldOutText,
-    recalibrate: Callable[[RenderedRecipe], Calibration],
-) -> tuple[Calibration, RenderedRecipe, TargetSearch]:
+def search_target(calibrating: Calibrating) -> Outcome:
     """The round that meets the target with the fewest modules unquantized: its calibration,
-    its recipe, and what every round measured. `first` is round 1 (the recipe as asked);
-    `recalibrate(recipe)` runs one more calibration into a staging folder of its own; `run`
-    runs a stage (the flow's `Stages.run`). Outputs that lose are deleted; TargetNotMet when
-    no round met the target, with every output deleted."""
+    its recipe, and what every round measured. Round 1 is the recipe as asked. Outputs that
+    lose are deleted; TargetNotMet when no round met the target, with every output deleted."""
+    inputs, held_out = calibrating.inputs, calibrating.held_out
     recipe, model, target = inputs.recipe, inputs.model, inputs.args.target
+    first = calibrating.calibrate(recipe)
     log = run_logger(__name__)
     limit = target.max_perplexity_ratio
-    base = run(measure_perplexity, model.path, model, held_out)
+    base = calibrating.perplexity(model.path)
     log.info(
         "target: base model perplexity %.4f on %d held-out texts from %s; target ratio %s",
         base,
@@ -86,7 +82,7 @@ def search_target(
     best: tuple[Calibration, RenderedRecipe] | None = None
     calibration, tried_recipe, count = first, recipe, 0
     while True:
-        measured = run(measure_perplexity, calibration.staging_path, model, held_out)
+        measured = calibrating.perplexity(calibration.staging_path)
         result = TargetRound(
             round=len(search.rounds) + 1,
             unquantized=ranked[:count],
@@ -108,7 +104,7 @@ def search_target(
         if count is None or len(search.rounds) >= target.max_rounds:
             break
         tried_recipe = with_unquantized(recipe, ranked[:count])
-        calibration = recalibrate(tried_recipe)
+        calibration = calibrating.calibrate(tried_recipe)
     tracking.log_result(search)
     if best is None:
         raise not_met(search, limit, len(ranked))
@@ -124,3 +120,14 @@ def search_target(
         search.rounds[0].size_bytes / 1e6,
     )
     return best[0], best[1], search
+
+
+def searches(recipe: RenderedRecipe, target: TargetArgs) -> bool:
+    """A target that mixing precisions does not take: a ratio, met by leaving modules out."""
+    return target.wanted() and not mixes(recipe, target)
+
+
+# flows/strategies.py lists it.
+SEARCH_TARGET = Strategy(
+    name="search target", applies=searches, run=search_target, check=check_searchable
+)
