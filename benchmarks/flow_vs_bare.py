@@ -17,7 +17,8 @@ summed PSS sampled every 250 ms, and anonymous memory counted exactly in a cgrou
 rounds; the variants are interleaved within each round, the bare script first in odd rounds and
 last in even ones. At the default size either side's peak moves by up to 0.6 GB between identical
 runs (glibc's malloc keeps freed activations in whatever order they are freed:
-benchmarks/README.md), so read the memory ratio over several rounds.
+docs/benchmarks/flow-vs-bare.md, "The allocator decides the bare peak"), so read the memory ratio
+over several rounds.
 
     python -m benchmarks.flow_vs_bare [--repeats 3] [--samples 128] [--max-seq-len 256]
     python -m benchmarks.flow_vs_bare --model yardstick --max-seq-len 128

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU run of issue 42, ready before a GPU is lent (benchmarks/README.md, "One GPU script").
+# The GPU run of issue 42, ready before a GPU is lent (docs/benchmarks/gpu.md, "The GPU script").
 #
 #   bash benchmarks/gpu.sh prepare      here, with registry access: the wheels into .whl/
 #   bash benchmarks/gpu.sh run          on the GPU host (the device tool, carry [".whl"])

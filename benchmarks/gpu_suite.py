@@ -61,11 +61,11 @@ class Step:
 
 
 def steps(work: Path, smoke: bool) -> list[Step]:
-    """The schedule, with each step's cap on an H100 (the estimates behind them: benchmarks/
-    README.md, "One GPU script"): the 1B shape with 32 x 512 tokens, the 8B shape with 16 x 512
-    (GPTQ's time there is the layers', not the samples'), FP8 data-free on the same 8B checkpoint
-    without recounting verify's reads. GPTQ at 8B, the longest and least certain, comes last and
-    gets whatever the others left."""
+    """The schedule, with each step's cap on an H100 (the estimates behind them:
+    docs/benchmarks/gpu.md, "The GPU script"): the 1B shape with 32 x 512 tokens, the 8B shape
+    with 16 x 512 (GPTQ's time there is the layers', not the samples'), FP8 data-free on the same
+    8B checkpoint without recounting verify's reads. GPTQ at 8B, the longest and least certain,
+    comes last and gets whatever the others left."""
     one_b, eight_b = ("smoke", "smoke") if smoke else ("random-1b", "8b")
     samples_1b, samples_8b, seq = (8, 8, 128) if smoke else (32, 16, 512)
     w1, w8 = work / "1b", work / "8b"

@@ -514,9 +514,9 @@ def onload_weights_once(model) -> None:
 
     compressed-tensors 0.19.0's `quantized_forward` onloads `self.weight`, then calls the class's
     forward, which onloads it again: on a reloaded model whose weights sit on disk, every forward
-    read each quantized weight twice (measured in benchmarks/README.md). Keeping the onloaded
-    tensors for the length of the module's own forward (`disable_offloading`, released on exit)
-    reads them once. Belongs upstream in `quantized_forward`.
+    read each quantized weight twice (docs/benchmarks/verify.md, "Reads on the model-free path").
+    Keeping the onloaded tensors for the length of the module's own forward (`disable_offloading`,
+    released on exit) reads them once. Belongs upstream in `quantized_forward`.
     """
     from compressed_tensors.offload import disable_offloading
 
@@ -538,8 +538,8 @@ def linears_built_without_init() -> Iterator[None]:
     llm-compressor 0.14.0.1's model-free path (`initialize_quantized_linear`) builds a Linear for
     every weight it quantizes, which kaiming-initializes a full-size weight, then copies the
     checkpoint's weight over it: on CPU, 2.8 of model_free_ptq's 8.8 s on a 1.87 GB model
-    (benchmarks/README.md). transformers' `no_init_weights` turns torch's init functions into
-    no-ops while it is entered. Belongs upstream in `initialize_quantized_linear`
+    (docs/benchmarks/data-free-fp8.md). transformers' `no_init_weights` turns torch's init
+    functions into no-ops while it is entered. Belongs upstream in `initialize_quantized_linear`
     (`torch.nn.utils.skip_init`, or build on the meta device).
     """
     from transformers.initialization import no_init_weights

@@ -22,8 +22,8 @@ Gaussian noise on every decoder weight):
 - 1000 steps, not 1500: a first `make demo` trains it, and its four minutes included the
   install. Held-out perplexity 41.5 instead of 32.3; round-to-nearest W4A16 costs +2.33%
   (+2.74% after 1500 steps) and GPTQ +1.09% to +1.18% over 3 calibration seeds (+1.22% to
-  +1.41%): still the yardstick's two properties, in a third less time (benchmarks/README.md,
-  "A cheaper yardstick").
+  +1.41%): still the yardstick's two properties, in a third less time
+  (docs/benchmarks/quality.md, "The yardstick now").
 
 Training uses two threads, or one where the worker may use only one CPU (its affinity mask and
 cgroup quota): torch's CPU kernels split work by the thread count, so a fixed count gives the same

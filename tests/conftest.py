@@ -38,7 +38,7 @@ os.environ.update(
     CLEARML_CACHE_DIR=str(_ROOT / "clearml"),
     COMPRESSFLOW_CACHE_DIR=str(_ROOT / "cache"),
     # Compiled code, like the yardstick, outlives the session: a vLLM check compiles about 15 s
-    # into an empty cache (benchmarks/README.md, "The kept compile cache").
+    # into an empty cache (docs/benchmarks/compile-cache.md).
     COMPRESSFLOW_COMPILE_CACHE_DIR=str(YARDSTICK_ROOT.parent / "torch-compile"),
     COMPRESSFLOW_OUTPUT_DIR=str(_ROOT / "outputs"),
     HF_HOME=str(_ROOT / "hf"),

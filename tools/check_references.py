@@ -5,10 +5,14 @@ Comments, docstrings and docs name files (`tasks/verify.py`) and modules
 one leaves a newcomer looking for a file that is gone. This reads every tracked text file and
 prints each path or module reference that resolves to nothing; it exits 1 when there is one.
 
-The Markdown pages (README.md, docs/, benchmarks/) link to each other: every relative link
-`[text](path)` or `[text](path#heading)` outside code blocks must name an existing file, and its
-anchor a heading of that page, as GitHub spells anchors (`## GPU hosts: one calibration per GPU`
-is `#gpu-hosts-one-calibration-per-gpu`).
+The Markdown pages (README.md, docs/, docs/benchmarks/, benchmarks/) link to each other: every
+relative link `[text](path)` or `[text](path#heading)` outside code blocks must name an existing
+file, and its anchor a heading of that page, as GitHub spells anchors (`## GPU hosts: one
+calibration per GPU` is `#gpu-hosts-one-calibration-per-gpu`).
+
+A comment or page that cites a figure names the page and, on the same line, its section:
+`docs/benchmarks/verify.md, "Reads on the model-free path"` or
+`docs/benchmarks/verify.md#reads-on-the-model-free-path`; that heading must be on the page.
 
     python tools/check_references.py
 """
@@ -46,8 +50,14 @@ NOT_MODULES = (
     "compressflow.output_dir",
     "compressflow.layers",
 )
-MARKDOWN_PAGES = ("README.md", "docs/*.md", "benchmarks/*.md")
+MARKDOWN_PAGES = ("README.md", "docs/*.md", "docs/benchmarks/*.md", "benchmarks/*.md")
+# A Markdown page cited with its section: `page.md#anchor` or `page.md, "Heading"`.
+CITATION = re.compile(
+    rf"(?<![\w./-])((?:{'|'.join(TOP_FOLDERS)}|docs)/[A-Za-z0-9_./-]*\.md)"
+    r'(?:#([\w-]+)|,\s*"([^"]+)")'
+)
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")  # [text](target) and ![alt](target)
+LINK_TARGET = re.compile(r"\]\([^)\s]+\)")
 HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*#*\s*$")
 SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # https:, mailto: ...: not a repository path
 
@@ -100,11 +110,30 @@ def missing_module(reference: str) -> str | None:
     return None
 
 
+def missing_section(page: str, anchor: str, heading: str) -> str | None:
+    """Why a citation of `page`'s section names no heading there, or None when it does."""
+    file = ROOT / page
+    if not file.is_file():
+        return None  # missing_path says so
+    found = anchors(file)
+    if anchor:
+        return None if anchor in found else f"{page} has no heading #{anchor}"
+    wanted = slug(heading)  # a quoted heading may be its start: "GPU hosts"
+    if any(a == wanted or a.startswith(f"{wanted}-") for a in found):
+        return None
+    return f'{page} has no heading "{heading}"'
+
+
 def stale(file: Path) -> list[str]:
+    # A page's link targets are relative to its folder, and broken_links reads them.
+    linked = file in markdown_pages()
     found = []
     for number, line in enumerate(file.read_text(errors="replace").splitlines(), 1):
+        if linked:
+            line = LINK_TARGET.sub("]()", line)
         problems = [missing_path(m) for m in PATH.findall(line)]
         problems += [missing_module(m) for m in DOTTED.findall(line)]
+        problems += [missing_section(*m) for m in CITATION.findall(line)]
         found += [f"{file.relative_to(ROOT)}:{number}: {p}" for p in problems if p]
     return found
 

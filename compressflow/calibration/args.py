@@ -11,9 +11,10 @@ from compressflow.arguments import Args, plain_path
 # The share of a GPU's free memory the memory plan fills when no cap is set. Its terms leave out
 # what also lands on the device: the caching allocator's rounding and fragmentation, and the CUDA
 # contexts of the run's other children (on an H100, a run planned at 2.1 GiB peaked at 3186 MB in
-# use device-wide, benchmarks/README.md), and free memory read at planning time can shrink before
-# calibration starts. A tenth (7.9 GiB of an H100's 78.7 GiB free) holds that, and the last tenth
-# is never worth an out-of-memory error hours into a run.
+# use device-wide: docs/benchmarks/memory-plan.md, "The share of a GPU's free memory"), and free
+# memory read at planning time can shrink before calibration starts. A tenth (7.9 GiB of an
+# H100's 78.7 GiB free) holds that, and the last tenth is never worth an out-of-memory error
+# hours into a run.
 GPU_SHARE = 0.9
 
 

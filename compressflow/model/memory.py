@@ -60,8 +60,8 @@ ONE_SAMPLE_MODIFIERS = {
     "AutoRoundModifier": "AutoRoundModifier batches the samples it captures itself (its own "
     "batch_size) and takes one per calibration batch; given more, auto-round exits the process",
 }
-# Measured on 2 CPU cores (benchmarks/README.md): oneshot took as long with batch 16 as with 1,
-# and held about 0.5 GB more; batching pays on a GPU.
+# Measured on 2 CPU cores (docs/benchmarks/memory-plan.md): oneshot took as long with batch 16
+# as with 1, and held about 0.5 GB more; batching pays on a GPU.
 CPU_BATCH = (
     "computed on CPU, where larger batches do not speed calibration and hold more memory (set "
     "calibration.batch_size to batch anyway)"

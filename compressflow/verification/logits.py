@@ -62,7 +62,7 @@ def one_pass_logits(
     its weights on disk when it cannot: the source is read once for the reference and the check,
     and the output once. Before, the reference was its own pass, and reloading the output read it
     twice and wrote a float copy of the whole model that each forward read again
-    (benchmarks/README.md, "Verification reads on the model-free path").
+    (docs/benchmarks/verify.md, "Reads on the model-free path").
     """
     import torch
     from compressed_tensors.quantization import fake_quantize, preset_name_to_scheme

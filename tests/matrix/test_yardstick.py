@@ -3,7 +3,7 @@ must on learned weights (GPTQ beats round-to-nearest at 4 bits; 8-bit schemes st
 
 Each scheme goes through the compress-model flow, calibrated on the yardstick's training split,
 and is scored by the evaluate-model flow on its held-out files. The margins come from measured
-spread (benchmarks/README.md, "Quality per preset"), not guesses; MEASURED below.
+spread (docs/benchmarks/quality.md, "Seed spread"), not guesses; MEASURED below.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from compressflow.demo.yardstick import YardstickSpec, build_yardstick, corpus_f
 
 CALIBRATION_TEXTS = 256
 HELD_OUT_TEXTS = 512
-# MEASURED (benchmarks/README.md, "A cheaper yardstick", 3 calibration seeds): round-to-nearest
+# MEASURED (docs/benchmarks/quality.md, "The yardstick now", 3 calibration seeds): round-to-nearest
 # W4A16 +2.33% (data-free, one value); GPTQ W4A16 +1.09% to +1.18%, so a gap of 1.15 to 1.24
 # points; W8A8 +0.02%; FP8_DYNAMIC +0.24% (data-free). The 1500-step build it replaced: +2.74%,
 # +1.22% to +1.41%, W8A8 +0.00% to +0.03% (6 runs with W8A8_GPTQ), FP8_DYNAMIC +0.43%.

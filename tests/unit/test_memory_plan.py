@@ -178,7 +178,8 @@ def test_a_cap_nothing_fits_under_is_refused_by_validate_without_weights(tiny_mo
 
 
 def test_a_cpu_worker_calibrates_one_sample_per_batch_unless_asked(tmp_path):
-    """Batching buys no speed on CPU and costs memory (benchmarks/README.md); asked for, it runs."""
+    """Batching buys no speed on CPU and costs memory (docs/benchmarks/memory-plan.md); asked for,
+    it runs."""
     automatic = plan(tmp_path, cpu_gib=120)
     assert (automatic.device, automatic.batch_size) == ("cpu", 1)
     assert any("computed on CPU" in note for note in automatic.notes)
