@@ -38,7 +38,6 @@ this file's hash) is unchanged.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import platform
@@ -52,6 +51,7 @@ from compressflow.demo.assets import build_tokenizer
 from compressflow.model.cpus import usable_cpus
 from compressflow.reporting import quality
 from compressflow.store.atomic import write_atomic
+from compressflow.store.identity import file_sha256
 
 SPEC_FILE = "yardstick_spec.json"
 BUILDING = ".yardstick-building"  # in the model folder from a build's start to its marker
@@ -151,7 +151,7 @@ def _key(spec: YardstickSpec) -> dict:
         "python": platform.python_version(),  # the corpus is this interpreter's own library
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "code": hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+        "code": file_sha256(Path(__file__)).hex(),
     }
 
 

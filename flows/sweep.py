@@ -41,6 +41,7 @@ from compressflow.reporting.lineage import compress_run_name, current_parameters
 from compressflow.results import Point, PointResult, SweepReport
 from compressflow.runtime.stages import Stages
 from compressflow.settings import check_settings
+from compressflow.store.identity import point_key
 from compressflow.tasks.build_dataset import build_dataset
 from compressflow.tasks.fetch_model import fetch_model
 from compressflow.tasks.render_recipe import render_recipe
@@ -93,7 +94,7 @@ def point_params(
             "recipe_args": {**recipe.recipe_args, **point.recipe_args},
         },
         "output": OutputArgs(
-            save_directory=str(output_root / f"point-{point.key()}"),
+            save_directory=str(output_root / f"point-{point_key(point)}"),
             tags=["sweep"],
             auto_evaluate=False,  # the sweep evaluates its points itself
         ).model_dump(),

@@ -12,6 +12,9 @@ The contract is data in pyproject.toml (`[tool.compressflow.layers]`):
   groups excepted).
 - No import circle between any two modules of the package (Tarjan's components of the import
   graph), whatever their layers.
+- `keys`: the one module that hashes what decides reuse, resume or cache; another module that
+  imports hashlib is refused unless `hashes_elsewhere` lists it with what its hash is for (an
+  artifact's name, a checksum sent with an upload): a cache bug means reading one module.
 - `adapter` and `internal_modules`: a private library name (an underscored attribute or module)
   or a module of `internal_modules` is reached only from the adapter module, so a library
   upgrade is one file's work. This rule covers every tracked Python file, tests included.
@@ -176,6 +179,19 @@ def wide_signatures(config: dict, package_dirs: dict[str, str]) -> list[str]:
     return found
 
 
+def hashes_outside_keys(config: dict, package_dirs: dict[str, str]) -> list[str]:
+    """Modules other than `keys` that import hashlib, less those `hashes_elsewhere` names."""
+    allowed = {config["keys"], *config.get("hashes_elsewhere", {})}
+    return [
+        f"{file.relative_to(ROOT)}:{line}: {module} imports hashlib; compute the key in "
+        f"{config['keys']} (or, for a name or a checksum, list it under hashes_elsewhere with why)"
+        for module, file in sorted(module_files(package_dirs).items())
+        if module not in allowed
+        for line, name in imported_names(file)
+        if name == "hashlib" or name.startswith("hashlib.")
+    ]
+
+
 # Underscored names that are public API (the standard library's): not library internals.
 PUBLIC_UNDERSCORED = {"_exit", "_getframe", "_asdict", "_replace", "_fields", "_make"}
 
@@ -232,6 +248,7 @@ def main() -> int:
         violations(config, package_dirs)
         + circles(package_dirs)
         + wide_signatures(config, package_dirs)
+        + (hashes_outside_keys(config, package_dirs) if "keys" in config else [])
         + internals_outside_adapter(config, package_dirs)
     )
     for line in found:

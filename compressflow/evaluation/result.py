@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -57,9 +56,6 @@ class Point(BaseModel):
     def label(self) -> str:
         values = {**self.recipe_args, "text_samples": self.text_samples}
         return ", ".join(f"{name}={value}" for name, value in values.items())
-
-    def key(self) -> str:
-        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:10]
 
 
 class PointResult(BaseModel):

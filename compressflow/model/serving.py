@@ -20,7 +20,6 @@ presets of one model, or a re-run, load the base in vLLM once (about half of the
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import math
 import os
@@ -38,6 +37,7 @@ from compressflow.model import compile_cache, cpus
 from compressflow.model.headers import tensor_index
 from compressflow.results import QualityMetrics, ServingCheck
 from compressflow.settings import settings
+from compressflow.store.identity import vllm_score_key
 
 CHILD = Path(__file__).with_name("vllm_child.py")
 
@@ -246,16 +246,6 @@ def too_slow_reason(folder: Path, tokens: int, budget: float, python: Path) -> s
     )
 
 
-def folder_signature(folder: Path) -> list[str]:
-    """(relative name, size, mtime) of every file under `folder`: cheap on a large model, and
-    any change to a file in place changes one of them."""
-    signature = []
-    for path in sorted(path for path in folder.rglob("*") if path.is_file()):
-        stat = path.stat()
-        signature.append(f"{path.relative_to(folder)}:{stat.st_size}:{stat.st_mtime_ns}")
-    return signature
-
-
 def base_score_key(
     base: Path, prompts: list[list[int]], trust_remote_code: bool, python: Path
 ) -> str | None:
@@ -264,15 +254,7 @@ def base_score_key(
     installed = installed_vllm(python)
     if installed is None or not base.is_dir():
         return None
-    identity = {
-        "base": str(base),
-        "files": folder_signature(base),
-        "prompts": prompts,
-        "trust_remote_code": trust_remote_code,
-        "python": str(python),
-        "vllm": list(installed),
-    }
-    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    return vllm_score_key(base, prompts, trust_remote_code, python, list(installed))
 
 
 def base_scores_dir() -> Path:

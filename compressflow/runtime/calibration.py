@@ -66,7 +66,7 @@ from compressflow.runtime.rank import rank_share, this_rank
 from compressflow.runtime.resume import CalibrationCheckpoint, expire
 from compressflow.settings import settings
 from compressflow.store.disk_space import disk_full_is_clear, folder_size
-from compressflow.store.identity import resume_key
+from compressflow.store.identity import calibration_resume_key
 from compressflow.store.output import source_folder
 from compressflow.store.staging import compile_cache_path, reference_path
 
@@ -247,23 +247,7 @@ def calibration_checkpoint(
         )
     if not plan.checkpoint_folder or dataset is None:
         return None
-    arguments = {
-        name: value if isinstance(value, (str, int, float, bool, list, type(None))) else repr(value)
-        for name, value in oneshot_kwargs.items()
-        if name not in ("dataset", "data_collator")
-    }
-    # Not the thread count: a child's share changes with the host's load, during a run too
-    # (compressflow.model.cpus), and a crashed run on a busy host would otherwise start over.
-    # Threads change only the order of float sums, as a share change mid-run already does.
-    key = resume_key(
-        model=model.identity,
-        model_class=model.model_class,
-        dataset=dataset.fingerprint,
-        recipe=recipe.sha256,
-        oneshot=arguments,
-        data_collator=getattr(oneshot_kwargs.get("data_collator"), "__qualname__", None),
-        device=plan.device,
-    )
+    key = calibration_resume_key(model, dataset, recipe, oneshot_kwargs, plan.device)
     folder = Path(plan.checkpoint_folder) / recipe.sha256[:16]
     return CalibrationCheckpoint(folder, key, plan.checkpoint_interval_s)
 

@@ -41,7 +41,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from compressflow.params import CalibrationArgs, OutputArgs, RecipeArgs, TargetArgs
-from compressflow.results import BuiltDataset, FetchedModel, RenderedRecipe
+from compressflow.results import BuiltDataset, FetchedModel, Point, RenderedRecipe
 
 # The libraries whose versions a result depends on: recorded in the manifest, part of the run key,
 # of the cache key of the cached stages and of the resume key.
@@ -375,6 +375,34 @@ def _strings(value: Any):
             yield from _strings(item)
 
 
+def calibration_resume_key(
+    model: FetchedModel,
+    dataset: BuiltDataset,
+    recipe: RenderedRecipe,
+    oneshot_kwargs: dict[str, Any],
+    device: str,
+) -> dict:
+    """A calibration checkpoint's key: what the calibration reads and how oneshot is called.
+
+    Not the thread count: a child's share changes with the host's load, during a run too
+    (compressflow.model.cpus), and a crashed run on a busy host would otherwise start over.
+    Threads change only the order of float sums, as a share change mid-run already does."""
+    arguments = {
+        name: value if isinstance(value, (str, int, float, bool, list, type(None))) else repr(value)
+        for name, value in oneshot_kwargs.items()
+        if name not in ("dataset", "data_collator")
+    }
+    return resume_key(
+        model=model.identity,
+        model_class=model.model_class,
+        dataset=dataset.fingerprint,
+        recipe=recipe.sha256,
+        oneshot=arguments,
+        data_collator=getattr(oneshot_kwargs.get("data_collator"), "__qualname__", None),
+        device=device,
+    )
+
+
 def resume_key(**parts) -> dict:
     """A calibration checkpoint's key: `parts` (what the calibration reads) plus the code that
     runs it and the checkpoint's file layout."""
@@ -384,3 +412,35 @@ def resume_key(**parts) -> dict:
         "libraries": library_versions(),
         "compressflow": code_identity(),
     }
+
+
+def folder_signature(folder: Path) -> list[str]:
+    """(relative name, size, mtime) of every file under `folder`: cheap on a large model, and
+    any change to a file in place changes one of them."""
+    signature = []
+    for path in sorted(path for path in folder.rglob("*") if path.is_file()):
+        stat = path.stat()
+        signature.append(f"{path.relative_to(folder)}:{stat.st_size}:{stat.st_mtime_ns}")
+    return signature
+
+
+def vllm_score_key(
+    base: Path, prompts: list[list[int]], trust_remote_code: bool, python: Path, vllm: list
+) -> str:
+    """A base model's cached vLLM score (`model.serving`): the base's files, the prompts, and
+    the vLLM (`python`'s, at version `vllm`) that scored them."""
+    identity = {
+        "base": str(base),
+        "files": folder_signature(base),
+        "prompts": prompts,
+        "trust_remote_code": trust_remote_code,
+        "python": str(python),
+        "vllm": vllm,
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def point_key(point: Point) -> str:
+    """A sweep point's output folder name (`point-<key>`): a rerun of the same point publishes
+    into, and so reuses, the same folder."""
+    return hashlib.sha256(point.model_dump_json().encode()).hexdigest()[:10]

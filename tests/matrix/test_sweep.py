@@ -11,6 +11,7 @@ import json
 import sys
 
 from compressflow.results import Point
+from compressflow.store.identity import point_key
 
 SWEEP = """
 import json, sys
@@ -72,7 +73,7 @@ def test_a_grid_ranks_its_points_shares_fetch_and_dataset_and_a_rerun_finishes_a
     )
     # Occupy one point's output folder: its compression is refused, the other points go on.
     failing = Point(recipe_args={"dampening_frac": 0.2, "block_size": 64}, text_samples=8)
-    blocked = tmp_path / f"point-{failing.key()}"
+    blocked = tmp_path / f"point-{point_key(failing)}"
     blocked.mkdir(parents=True)
     (blocked / "model.safetensors").write_text("somebody else's model")
     fetch_before = task_run_states(stack_client, "fetch model")

@@ -171,3 +171,17 @@ def test_every_package_folder_is_installed():
         for init in (ROOT / folder).rglob("__init__.py")
     }
     assert found - set(tool["packages"]) == set()
+
+
+def test_a_hash_outside_the_keys_module_is_refused_unless_listed_with_why(tmp_path, monkeypatch):
+    layers = _tool("check_layers")
+    monkeypatch.setattr(layers, "ROOT", tmp_path)
+    for name in ("__init__", "keys", "cache", "names"):
+        (tmp_path / "pkg").mkdir(exist_ok=True)
+        (tmp_path / "pkg" / f"{name}.py").write_text(
+            "import hashlib\n" if name != "__init__" else ""
+        )
+    config = {"keys": "pkg.keys", "hashes_elsewhere": {"pkg.names": "an artifact's name"}}
+    assert [line.split(":")[0] for line in layers.hashes_outside_keys(config, {"pkg": "pkg"})] == [
+        str(Path("pkg", "cache.py"))
+    ]
