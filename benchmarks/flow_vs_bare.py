@@ -222,7 +222,7 @@ def report_quality(rounds: list[dict[str, ChildRun]], work: Path) -> None:
     from transformers import AutoTokenizer
 
     from compressflow.demo.yardstick import perplexity
-    from compressflow.reporting.quality import load_causal_lm
+    from compressflow.evaluation.quality import load_causal_lm
 
     built = yardstick(work)
     tokenizer = AutoTokenizer.from_pretrained(built.model)

@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     environment(work)
 
     from compressflow.demo.yardstick import build_yardstick
+    from compressflow.evaluation.quality import perplexity_of
+    from compressflow.evaluation.sensitivity import measure_sensitivity
     from compressflow.flows.compress import compress
     from compressflow.params import (
         DatasetArgs,
@@ -78,8 +80,6 @@ def main(argv: list[str] | None = None) -> int:
         VerifyArgs,
     )
     from compressflow.recipes.target import ranked_modules
-    from compressflow.reporting.quality import perplexity_of
-    from compressflow.reporting.sensitivity import measure_sensitivity
     from compressflow.reporting.tradeoff import tradeoff_svg
     from compressflow.results import MixPoint
     from compressflow.store.manifest import read_manifest

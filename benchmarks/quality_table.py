@@ -9,7 +9,7 @@ sampling seed (`dataset.seed`), so the table states the run-to-run spread; data-
 deterministic and run once.
 
 The same evaluation runs the project's own offline lm-eval tasks on both models
-(`compressflow/reporting/harness.py`, built from the yardstick's held-out file): word perplexity
+(`compressflow/evaluation/harness.py`, built from the yardstick's held-out file): word perplexity
 (loglikelihood_rolling) and which of four lines comes next (multiple choice, acc and acc_norm).
 Their columns give each metric's compressed value and its recovery (percent of the base's score,
 inverted for perplexity: the evaluation's lm_eval_recovery), with the seed range where there are
@@ -85,7 +85,7 @@ def lm_eval_columns() -> dict[str, str]:
     bits_per_byte are left out: the same summed log-likelihood as word_perplexity over another
     count, they move in lockstep with it. (Imported here: the harness imports Prefect, which
     must see `environment` first.)"""
-    from compressflow.reporting.harness import NEXT_LINE_TASK, PERPLEXITY_TASK
+    from compressflow.evaluation.harness import NEXT_LINE_TASK, PERPLEXITY_TASK
 
     return {
         f"{PERPLEXITY_TASK}/word_perplexity": "lm-eval word perplexity",
@@ -125,6 +125,7 @@ def bf16_copy(model: Path, path: Path) -> Path:
 
 def run_one(row: Row, seed: int, source: Path, yardstick, args, out: Path) -> None:
     """Compress `source` with the row's recipe (one calibration seed) and score the output."""
+    from compressflow.evaluation.harness import OWN_TASKS
     from compressflow.flows.compress import compress
     from compressflow.flows.evaluate import evaluate
     from compressflow.params import (
@@ -138,7 +139,6 @@ def run_one(row: Row, seed: int, source: Path, yardstick, args, out: Path) -> No
         TrackingArgs,
         VerifyArgs,
     )
-    from compressflow.reporting.harness import OWN_TASKS
     from compressflow.store.manifest import read_manifest
 
     if row.name == RTN:

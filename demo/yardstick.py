@@ -48,8 +48,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from compressflow.demo.assets import build_tokenizer
+from compressflow.evaluation import quality
 from compressflow.model.cpus import usable_cpus
-from compressflow.reporting import quality
 from compressflow.store.atomic import write_atomic
 from compressflow.store.identity import file_sha256
 
@@ -161,7 +161,7 @@ def _write_jsonl(path: Path, texts: list[str]) -> None:
 
 def perplexity(model, tokenizer, texts: list[str], max_len: int) -> float:
     """Perplexity over every next-token position of `texts`, each cut to `max_len` tokens, scored
-    as the flows score (compressflow.reporting.quality.perplexity)."""
+    as the flows score (compressflow.evaluation.quality.perplexity)."""
     encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
     return quality.perplexity(model, [ids[:max_len] for ids in encoded])
 

@@ -2,7 +2,7 @@
 
 Given the compressed model (the path or ClearML id compress-model published) and its base model,
 it scores both on the same held-out text (perplexity of each, KL divergence of their next-token
-distributions, top-1 agreement; see compressflow/reporting/quality.py), logs them to ClearML and as a Prefect
+distributions, top-1 agreement; see compressflow/evaluation/quality.py), logs them to ClearML and as a Prefect
 table artifact, and fails or flags the run when the loss passes the gate's thresholds. lm-eval
 tasks (users' own, and the project's offline ones on a held-out file) run on both models as
 well when asked for, each metric with its recovery, which the gate can hold to a minimum.
@@ -26,6 +26,9 @@ from compressflow.errors import (
     PublishError,
     QualityThresholdExceeded,
 )
+from compressflow.evaluation.harness import backend as lm_eval_backend
+from compressflow.evaluation.harness import recovery, recovery_breaches
+from compressflow.evaluation.quality import breaches
 from compressflow.flows.opening import opened
 from compressflow.logs import run_logger
 from compressflow.model.serving import require_vllm
@@ -45,8 +48,6 @@ from compressflow.reporting.artifacts import (
     significant,
     significant_text,
 )
-from compressflow.reporting.harness import backend as lm_eval_backend
-from compressflow.reporting.harness import recovery, recovery_breaches
 from compressflow.reporting.lineage import (
     checkpoint_asset,
     current_parameters,
@@ -55,7 +56,6 @@ from compressflow.reporting.lineage import (
     materializing,
 )
 from compressflow.reporting.model_card import CARD, add_evaluation, evaluation_section
-from compressflow.reporting.quality import breaches
 from compressflow.results import EvaluationReport, FetchedModel, HeldOutText, LmEvalScores
 from compressflow.runtime.stages import Stages
 from compressflow.settings import check_settings

@@ -1,6 +1,6 @@
 """Compare models: scores the compressed model against its base on held-out text.
 
-Both models read the same tokenized samples; `compressflow.reporting.quality` says what is measured.
+Both models read the same tokenized samples; `compressflow.evaluation.quality` says what is measured.
 The engine is transformers (both models in a child process, compressflow.runtime.isolation) or vLLM, the server users run on GPUs
 (`compressflow.model.serving`, in the vLLM environment): vLLM returns top tokens, not whole
 distributions, so its report has no KL divergence.
@@ -14,9 +14,9 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from compressflow.errors import EvaluationError
+from compressflow.evaluation.quality import score_with_transformers
 from compressflow.logs import run_logger
 from compressflow.model.serving import serve_and_score
-from compressflow.reporting.quality import score_with_transformers
 from compressflow.results import FetchedModel, HeldOutText, QualityMetrics
 from compressflow.runtime.isolation import in_child
 

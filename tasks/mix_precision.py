@@ -1,7 +1,7 @@
 """Mix precision: the precision each module can bear, for a size budget or a quality target.
 
 Each quantizable module's held-out cost at each precision of the preset's family is measured
-once, in one pass (`compressflow.reporting.sensitivity`); the budget is solved from those
+once, in one pass (`compressflow.evaluation.sensitivity`); the budget is solved from those
 estimates (`compressflow.recipes.mixed`) and calibrated once, as one recipe with a config group
 per precision. A bits budget (`target.avg_bits`) needs that one calibration. A ratio target
 (`target.max_perplexity_ratio`) takes the fewest bits predicted to meet it; the estimate is
@@ -23,6 +23,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
+from compressflow.evaluation.sensitivity import measure_sensitivity
 from compressflow.inputs import Inputs
 from compressflow.logs import run_logger
 from compressflow.recipes.mixed import (
@@ -41,7 +42,6 @@ from compressflow.recipes.mixed import (
 )
 from compressflow.reporting import tracking
 from compressflow.reporting.artifacts import artifact_key
-from compressflow.reporting.sensitivity import measure_sensitivity
 from compressflow.reporting.tradeoff import tradeoff_markdown
 from compressflow.results import (
     Calibration,

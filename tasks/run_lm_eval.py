@@ -1,7 +1,7 @@
 """lm-eval: runs lm-eval-harness tasks on a model, in a child process, within a time limit.
 
 The Prefect face of the stage: the tasks, their refusals and the run live in
-compressflow/reporting/harness.py. `check_lm_eval` runs before any model loads; `write_own_tasks`
+compressflow/evaluation/harness.py. `check_lm_eval` runs before any model loads; `write_own_tasks`
 writes the project's offline tasks for the run; `run_lm_eval` scores one model (the flow calls
 it for the base and for the compressed model) with the backend asked for: vLLM in the vLLM
 environment (a subprocess of its own), or transformers in a child; lm-eval's log lines are its
@@ -17,9 +17,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from compressflow.errors import InputError
-from compressflow.logs import run_logger
-from compressflow.params import LmEvalArgs
-from compressflow.reporting.harness import (
+from compressflow.evaluation.harness import (
     OWN_TASKS,
     decoded_texts,
     evaluate,
@@ -28,6 +26,8 @@ from compressflow.reporting.harness import (
     hub_refusals,
     write_tasks,
 )
+from compressflow.logs import run_logger
+from compressflow.params import LmEvalArgs
 from compressflow.results import FetchedModel, HeldOutText, LmEvalScores
 from compressflow.runtime.isolation import in_child
 

@@ -9,7 +9,7 @@ one found in `target.max_rounds` calibrations. Every round is a full calibration
 stage, run through the `Calibrating` the flow gives every target strategy (stages never import one
 another: compressflow/runtime/strategies.py); the outputs that lose are deleted as soon as a
 better one is known. A search that ends without a hit raises TargetNotMet,
-and the flow publishes nothing. Perplexity is `compressflow.reporting.quality`'s.
+and the flow publishes nothing. Perplexity is `compressflow.evaluation.quality`'s.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from compressflow.evaluation.quality import perplexity_of
 from compressflow.logs import run_logger
 from compressflow.params import TargetArgs
 from compressflow.recipes.mixed import mixes
@@ -31,7 +32,6 @@ from compressflow.recipes.target import (
     with_unquantized,
 )
 from compressflow.reporting import tracking
-from compressflow.reporting.quality import perplexity_of
 from compressflow.results import (
     Calibration,
     FetchedModel,

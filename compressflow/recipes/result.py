@@ -59,7 +59,7 @@ class ModuleSensitivity(BaseModel):
 
 class Sensitivity(BaseModel):
     """What each quantizable module costs at each precision of a family, measured once
-    (compressflow/reporting/sensitivity.py)."""
+    (compressflow/evaluation/sensitivity.py)."""
 
     family: str
     base_perplexity: float = Field(description="The base model's held-out perplexity.")

@@ -35,6 +35,13 @@ from compressflow.data.tokenizer import load_processor
 from compressflow.data.user_code import import_callable
 from compressflow.data.vision import collate_one
 from compressflow.errors import CalibrationError, first_line
+from compressflow.evaluation.quality import logits_of, save_reference
+from compressflow.evaluation.reference import (
+    first_non_finite,
+    non_finite_source,
+    reference_samples,
+    refuse_non_finite,
+)
 from compressflow.inputs import Inputs
 from compressflow.logs import run_logger
 from compressflow.model import compile_cache
@@ -44,13 +51,6 @@ from compressflow.model.tracing import trace_config
 from compressflow.params import RecipeArgs, VerifyArgs
 from compressflow.registries.architectures import ARCHITECTURES
 from compressflow.reporting.progress import on_subgraph_done, sequential_passes, subgraphs_per_pass
-from compressflow.reporting.quality import logits_of, save_reference
-from compressflow.reporting.reference import (
-    first_non_finite,
-    non_finite_source,
-    reference_samples,
-    refuse_non_finite,
-)
 from compressflow.results import (
     BuiltDataset,
     Calibration,

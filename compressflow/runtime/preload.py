@@ -18,6 +18,8 @@ import compressflow.data.build  # noqa: F401
 import compressflow.data.text_sources  # noqa: F401
 import compressflow.data.tokenizer  # noqa: F401
 import compressflow.data.vision  # noqa: F401
+import compressflow.evaluation.quality  # noqa: F401
+import compressflow.evaluation.sensitivity  # noqa: F401
 import compressflow.model.folder_checks.registry  # noqa: F401
 import compressflow.model.hardware  # noqa: F401
 import compressflow.model.loading  # noqa: F401
@@ -25,8 +27,6 @@ import compressflow.model.memory  # noqa: F401
 import compressflow.model.streaming  # noqa: F401
 import compressflow.model.tracing  # noqa: F401
 import compressflow.recipes.render  # noqa: F401
-import compressflow.reporting.quality  # noqa: F401
-import compressflow.reporting.sensitivity  # noqa: F401
 import compressflow.runtime.calibration  # noqa: F401
 import compressflow.store.disk_space  # noqa: F401
 from compressflow import compat

@@ -8,12 +8,7 @@ import math
 from pathlib import Path
 from typing import NamedTuple
 
-from compressflow.model.headers import tensor_index
-from compressflow.model.offload import load_offloaded
-from compressflow.model.streaming import streamed_model
-from compressflow.params import VerifyArgs
-from compressflow.registries.thresholds import scheme_family
-from compressflow.reporting.quality import (
+from compressflow.evaluation.quality import (
     TOKENS_PER_FORWARD,
     compare_logits,
     forwards,
@@ -21,6 +16,11 @@ from compressflow.reporting.quality import (
     logits_streamed,
     read_reference,
 )
+from compressflow.model.headers import tensor_index
+from compressflow.model.offload import load_offloaded
+from compressflow.model.streaming import streamed_model
+from compressflow.params import VerifyArgs
+from compressflow.registries.thresholds import scheme_family
 from compressflow.results import Calibration, FetchedModel, MemoryPlan, VerificationCheck
 from compressflow.verification import Check, Verifying
 from compressflow.verification.weights import FP8_DTYPES, dequantized, relative_error_in_place

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 from compressflow.data.tokenizer import load_processor
+from compressflow.evaluation.reference import reference_samples, refuse_non_finite
 from compressflow.params import VerifyArgs
-from compressflow.reporting.reference import reference_samples, refuse_non_finite
 from compressflow.results import (
     Calibration,
     FetchedModel,

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from compressflow.errors import InputError, ModelFetchError, QualityThresholdExceeded
+from compressflow.evaluation.harness import NEXT_LINE_TASK, OWN_TASKS, PERPLEXITY_TASK
 from compressflow.flows.evaluate import evaluate
 from compressflow.params import (
     DatasetArgs,
@@ -24,7 +25,6 @@ from compressflow.params import (
     QualityGate,
 )
 from compressflow.reporting.artifacts import artifact_key
-from compressflow.reporting.harness import NEXT_LINE_TASK, OWN_TASKS, PERPLEXITY_TASK
 from compressflow.store.manifest import read_manifest
 from compressflow.tasks.build_held_out import build_held_out
 from compressflow.tasks.fetch_model import fetch
@@ -139,7 +139,7 @@ def test_gate_flags_the_run_when_asked_to(compressed):
 
 
 def test_a_perplexity_rise_past_the_limit_is_a_breach():
-    from compressflow.reporting.quality import breaches
+    from compressflow.evaluation.quality import breaches
     from compressflow.results import QualityMetrics
 
     metrics = QualityMetrics.model_construct(

@@ -26,7 +26,7 @@ from safetensors import SafetensorError
 from support.processes import Output, leftovers, start
 
 from compressflow.errors import HubUnavailableError, PublishError
-from compressflow.reporting.quality import read_reference, save_reference
+from compressflow.evaluation.quality import read_reference, save_reference
 from compressflow.store.disk_space import (
     check_free_space,
     disk_full_errno,
@@ -155,7 +155,7 @@ def test_disk_full_errors_are_recognised_however_they_are_raised(tmp_path):
 REFERENCE_SCRIPT = """
 import resource, signal, sys, torch
 from pathlib import Path
-from compressflow.reporting.quality import save_reference
+from compressflow.evaluation.quality import save_reference
 from compressflow.store.disk_space import disk_full_is_clear
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.RLIM_INFINITY))

@@ -18,9 +18,9 @@ from safetensors.torch import load_file, save_file
 from support.models import model_free_output
 
 from compressflow.errors import ModelFetchError
+from compressflow.evaluation.quality import logits_of
 from compressflow.flows.compress import compress
 from compressflow.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs, VerifyArgs
-from compressflow.reporting.quality import logits_of
 from compressflow.results import MemoryPlan
 from compressflow.runtime.calibration import capture_reference, load_for_calibration
 from compressflow.tasks.fetch_model import fetch

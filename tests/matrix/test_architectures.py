@@ -27,10 +27,10 @@ from compressflow.data.local_text import python_docs
 from compressflow.data.tokenizer import load_processor
 from compressflow.demo.zoo import VISION_BUILDERS, ZOO, build_tiny, model_class
 from compressflow.errors import CompressflowError
+from compressflow.evaluation.reference import reference_samples
 from compressflow.flows.compress import compress
 from compressflow.model.serving import serve_and_score_many
 from compressflow.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs, VerifyArgs
-from compressflow.reporting.reference import reference_samples
 from compressflow.results import FetchedModel, ServingCheck
 from compressflow.store.manifest import read_manifest
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from compressflow.errors import InputError
+from compressflow.evaluation.harness import NEXT_LINE_TASK
 from compressflow.params import LmEvalArgs
-from compressflow.reporting.harness import NEXT_LINE_TASK
 from compressflow.tasks.run_lm_eval import check_lm_eval
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from support.models import cpu_has
 
-from compressflow.reporting.harness import NEXT_LINE_TASK, OWN_TASKS
+from compressflow.evaluation.harness import NEXT_LINE_TASK, OWN_TASKS
 
 
 def test_lm_eval_scores_both_models_on_vllm_where_its_environment_holds_lm_eval(

@@ -132,8 +132,8 @@ def test_the_sensitivity_ranks_modules_better_than_gptqs_error(
 ):
     """The same number of modules kept in 16 bits, int4 elsewhere (GPTQ): those the measured
     sensitivity puts first give a lower held-out perplexity than those GPTQ's error does."""
+    from compressflow.evaluation.quality import perplexity_of
     from compressflow.recipes.target import ranked_modules
-    from compressflow.reporting.quality import perplexity_of
     from compressflow.tasks.build_held_out import build_held_out
     from compressflow.tasks.fetch_model import fetch
 

@@ -1,6 +1,6 @@
 """lm-eval: the project's offline tasks as lm-eval reads them, refusals before any model loads,
-and recovery figures, lm-eval's and verify's (compressflow/reporting/harness.py,
-tasks/run_lm_eval.py, compressflow/reporting/quality.py). A hub task's refusal reads lm-eval's
+and recovery figures, lm-eval's and verify's (compressflow/evaluation/harness.py,
+tasks/run_lm_eval.py, compressflow/evaluation/quality.py). A hub task's refusal reads lm-eval's
 whole task index (6 to 12 s): tests/matrix/test_lm_eval_hub_tasks.py."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from compressflow.errors import InputError
-from compressflow.params import LmEvalArgs
-from compressflow.reporting.harness import (
+from compressflow.evaluation.harness import (
     NEXT_LINE_TASK,
     OWN_TASKS,
     PERPLEXITY_TASK,
@@ -24,6 +23,7 @@ from compressflow.reporting.harness import (
     recovery_breaches,
     write_tasks,
 )
+from compressflow.params import LmEvalArgs
 from compressflow.results import LmEvalScores
 from compressflow.tasks.run_lm_eval import check_lm_eval
 
@@ -108,7 +108,7 @@ def test_metrics_leave_out_standard_errors_and_sample_counts():
 def test_verify_logits_give_both_models_perplexity_on_the_verified_tokens():
     import torch
 
-    from compressflow.reporting.quality import compare_logits
+    from compressflow.evaluation.quality import compare_logits
 
     ids = [[0, 1, 2], [2, 0]]
     base = [torch.tensor([[0.0, 2.0, 0.0], [0.0, 0.0, 2.0], [1.0, 1.0, 1.0]]), torch.zeros(2, 3)]

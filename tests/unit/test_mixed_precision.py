@@ -152,7 +152,7 @@ def test_budgets_a_recipe_cannot_mix_or_its_family_cannot_reach_are_refused():
 @pytest.mark.parametrize("family, fewer, more", [("int", "int4", "int8"), ("float", "fp4", "fp8")])
 def test_sensitivity_costs_fewer_bits_more_on_the_tiny_model(tiny_model, family, fewer, more):
     """One pass on random weights: only its shape is checked here (quality: the yardstick)."""
-    from compressflow.reporting.sensitivity import measure_sensitivity
+    from compressflow.evaluation.sensitivity import measure_sensitivity
     from compressflow.results import FetchedModel, HeldOutText
 
     model = FetchedModel.model_construct(

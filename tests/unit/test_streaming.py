@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from compressflow.demo.zoo import VISION_BUILDERS, ZOO, build_tiny, model_class
+from compressflow.evaluation.quality import logits_of, logits_streamed
 from compressflow.model.streaming import streamed_model
-from compressflow.reporting.quality import logits_of, logits_streamed
 from compressflow.results import FetchedModel
 
 

@@ -145,7 +145,7 @@ def test_held_out_texts_go_through_together_with_the_logits_of_one_forward_each(
     real token's logits, on any architecture the zoo builds, vision-language ones included."""
     import transformers
 
-    from compressflow.reporting.quality import logits_of
+    from compressflow.evaluation.quality import logits_of
 
     path = build_tiny(name, test_root / "zoo")  # shared with tests/matrix/test_architectures.py
     model = getattr(transformers, model_class(name)).from_pretrained(path, dtype=torch.float32)
@@ -165,7 +165,7 @@ def test_held_out_texts_go_through_together_with_the_logits_of_one_forward_each(
 
 
 def test_long_held_out_texts_split_into_forwards_under_the_token_budget():
-    from compressflow.reporting.quality import forwards
+    from compressflow.evaluation.quality import forwards
 
     samples = [[1] * n for n in (7, 31, 1, 16)]
     assert forwards(samples, 62) == [samples[:2], samples[2:]]  # 2 x 31, then 2 x 16
@@ -181,7 +181,7 @@ def test_a_reloaded_model_on_disk_reads_each_tensor_once_per_forward(tiny_model,
 
     from compressed_tensors.offload.cache.disk import DiskCache
 
-    from compressflow.reporting.quality import logits_of
+    from compressflow.evaluation.quality import logits_of
     from compressflow.verification.reload import reload
 
     out, model, plan = model_free_output(tiny_model, tmp_path)
@@ -213,7 +213,7 @@ def test_a_model_free_output_is_checked_in_one_pass_as_the_reloaded_model_comput
     gives."""
     from transformers import AutoModelForCausalLM
 
-    from compressflow.reporting.quality import compare_logits, logits_of
+    from compressflow.evaluation.quality import compare_logits, logits_of
     from compressflow.verification.logits import one_pass_logits
     from compressflow.verification.reload import reload
     from compressflow.verification.weights import check_weights
@@ -335,7 +335,7 @@ def test_a_model_free_output_whose_source_cannot_stream_is_checked_on_it_loaded_
 ):
     """A source that cannot stream (a checkpoint transformers renames on load, fused experts):
     the one pass runs on the source loaded with its weights on disk, with the same result."""
-    from compressflow.reporting.quality import compare_logits
+    from compressflow.evaluation.quality import compare_logits
     from compressflow.verification import logits
 
     out, model, plan = model_free_output(tiny_model, tmp_path)

@@ -360,7 +360,7 @@ def test_a_vllm_that_runs_past_its_time_is_not_checked_not_refused(tmp_path, mon
 def test_lm_eval_leaves_vllm_for_transformers_when_vllm_would_not_finish(
     tmp_path, monkeypatch, cpu_vllm
 ):
-    from compressflow.reporting import harness
+    from compressflow.evaluation import harness
     from compressflow.results import HeldOutText
 
     monkeypatch.setattr(harness, "vllm_python", lambda: Path("/venv-vllm/bin/python"))

@@ -39,6 +39,7 @@ from collections import deque
 from pathlib import Path
 
 from compressflow.errors import EvaluationError, InputError
+from compressflow.evaluation.quality import load_causal_lm
 from compressflow.logs import run_logger
 from compressflow.model.serving import (
     child_environment,
@@ -49,7 +50,6 @@ from compressflow.model.serving import (
     too_slow_reason,
     vllm_python,
 )
-from compressflow.reporting.quality import load_causal_lm
 from compressflow.results import FetchedModel, HeldOutText, LmEvalScores
 from compressflow.settings import settings
 

@@ -25,9 +25,9 @@ import gc
 import math
 import time
 
+from compressflow.evaluation.quality import load_causal_lm
 from compressflow.logs import run_logger
 from compressflow.registries.precisions import FAMILIES, Precision
-from compressflow.reporting.quality import load_causal_lm
 from compressflow.results import FetchedModel, HeldOutText, ModuleSensitivity, Sensitivity
 
 # What the pass keeps of inputs and gradients before it rounds the weights and adds them up.
