@@ -1,4 +1,4 @@
-"""Benchmark: what calibration checkpoints (compressflow.runtime.resume) add to calibration time.
+"""Benchmark: what calibration checkpoints (compressflow.calibration.resume) add to calibration time.
 
 GPTQ W4A16 (the preset) on a random-weight Llama (6 layers, 768 wide, 2048 intermediate; 7
 subgraphs), `--samples` x `--max-seq-len` tokens of local text, batch 4, oneshot timed alone, in
@@ -47,11 +47,11 @@ def one_run(variant: str, root: Path, samples: int, max_seq_len: int) -> None:
 
     from benchmarks.common import long_texts
     from benchmarks.flow_vs_bare import model_spec
+    from compressflow.calibration.pipeline import resumable_pipeline
+    from compressflow.calibration.resume import CalibrationCheckpoint, checkpoint_folder, discard
     from compressflow.demo.assets import build_tiny_llama
     from compressflow.params import CalibrationArgs, RecipeArgs
     from compressflow.recipes.render import render
-    from compressflow.runtime.pipeline import resumable_pipeline
-    from compressflow.runtime.resume import CalibrationCheckpoint, checkpoint_folder, discard
 
     path = build_tiny_llama(root / "model", model_spec())
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -95,7 +95,7 @@ def save_memory(layers: int, root: Path) -> None:
     weights it wrote and how far the peak RSS rose while it saved."""
     import torch
 
-    from compressflow.runtime.resume import CalibrationCheckpoint
+    from compressflow.calibration.resume import CalibrationCheckpoint
     from compressflow.store.identity import resume_key
 
     subgraphs = [

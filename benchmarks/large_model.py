@@ -181,10 +181,10 @@ def reading_steps(model: str, out: str, plan: dict, root: Path) -> dict:
 
     from transformers import AutoTokenizer
 
+    from compressflow.calibration.run import load_for_calibration
     from compressflow.data.local_text import verification_texts
     from compressflow.evaluation.quality import logits_of
     from compressflow.results import FetchedModel, MemoryPlan
-    from compressflow.runtime.calibration import load_for_calibration
     from compressflow.verification.logits import one_pass_logits
     from compressflow.verification.reload import reload
     from compressflow.verification.weights import check_weights

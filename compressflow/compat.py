@@ -117,7 +117,7 @@ class SequentialPipelineParts(NamedTuple):
 
 
 def sequential_pipeline_parts() -> SequentialPipelineParts:
-    """What compressflow.runtime.pipeline's copy of the sequential loop needs from the library.
+    """What compressflow.calibration.pipeline's copy of the sequential loop needs from the library.
 
     Missing upstream (llm-compressor issue #1410): a sequential pipeline that can start at a
     subgraph, take an activations cache and call back after each subgraph; without one the

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from prefect import flow
 
+from compressflow.calibration.resume import discard
 from compressflow.flows.checks import check_before_calibration, resolve_inputs
 from compressflow.flows.opening import opened
 from compressflow.flows.strategies import Calibrations, choose
@@ -42,7 +43,6 @@ from compressflow.results import PublishedModel
 from compressflow.runtime.events import emit_published
 from compressflow.runtime.gpus import gpu_slots
 from compressflow.runtime.isolation import warm_up
-from compressflow.runtime.resume import discard
 from compressflow.runtime.stages import Stages
 from compressflow.settings import check_settings
 from compressflow.store.locks import output_lock

@@ -1,4 +1,4 @@
-"""Calibrate: the Prefect face of calibration; the work is compressflow.runtime.calibration's.
+"""Calibrate: the Prefect face of calibration; the work is compressflow.calibration.run's.
 
 The task takes a GPU slot (the one the compress flow holds already, inside it), starts `calibrate_here` in a process of its own (or one rank per GPU),
 drives the progress artifact from its events and reports its per-module metrics. A run without
@@ -13,6 +13,7 @@ import re
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from compressflow.calibration.run import calibrate_here
 from compressflow.inputs import Inputs
 from compressflow.logs import run_logger
 from compressflow.model import cpus
@@ -20,7 +21,6 @@ from compressflow.model.offload import stage_offload_folder
 from compressflow.reporting import tracking
 from compressflow.reporting.progress import CalibrationProgress
 from compressflow.results import Calibration, MemoryPlan
-from compressflow.runtime.calibration import calibrate_here
 from compressflow.runtime.distributed import run_distributed
 from compressflow.runtime.gpus import gpu_slots
 from compressflow.runtime.isolation import run_isolated

@@ -2,7 +2,7 @@
 
 The trace and the checks of the recipe's shapes against the model live in
 `compressflow.model.tracing`; the calibration sample the trace takes is read by
-`compressflow.data.build`, joined by `compressflow.runtime.calibration.trace_for_pipeline`.
+`compressflow.data.build`, joined by `compressflow.calibration.run.trace_for_pipeline`.
 This module runs them in a child and reports what they found.
 """
 
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from prefect import task
 
+from compressflow.calibration.run import trace_for_pipeline
 from compressflow.errors import TraceabilityError
 from compressflow.logs import run_logger
 from compressflow.model.tracing import check_shapes
 from compressflow.params import RecipeArgs
 from compressflow.reporting import tracking
 from compressflow.results import BuiltDataset, FetchedModel, RenderedRecipe, TraceReport
-from compressflow.runtime.calibration import trace_for_pipeline
 from compressflow.runtime.isolation import in_child
 
 

@@ -12,6 +12,7 @@ import shutil
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from compressflow.calibration.resume import checkpoint_folder
 from compressflow.errors import ResourceError
 from compressflow.inputs import Inputs
 from compressflow.logs import run_logger
@@ -22,7 +23,6 @@ from compressflow.reporting import tracking
 from compressflow.reporting.progress import sequential_passes
 from compressflow.results import BuiltDataset, MemoryPlan, RenderedRecipe, gib
 from compressflow.runtime.isolation import in_child
-from compressflow.runtime.resume import checkpoint_folder
 
 
 @task(name="plan memory", cache_policy=NO_CACHE)
@@ -49,7 +49,7 @@ def with_checkpoints(
     args: CalibrationArgs,
     run_key: str,
 ) -> MemoryPlan:
-    """Add calibration checkpoints (compressflow.runtime.resume) where they can work, refusing
+    """Add calibration checkpoints (compressflow.calibration.resume) where they can work, refusing
     a disk without room for them.
 
     Only sequential passes checkpoint: not the model-free path (no model, shard by shard), nor

@@ -82,7 +82,7 @@ def refuse_too_few(gpus: int, host: list[str] | None = None) -> None:
 
 def refuse_fewer_samples(gpus: int, samples: int | None) -> None:
     """CalibrationError when calibration.gpus ranks cannot each have a calibration sample: each
-    rank calibrates on its own share (compressflow.runtime.rank.rank_share)."""
+    rank calibrates on its own share (compressflow.calibration.ranks.rank_share)."""
     if gpus <= 1 or samples is None or samples >= gpus:
         return
     raise CalibrationError(

@@ -14,6 +14,7 @@ import llmcompressor  # noqa: F401
 import torch  # noqa: F401
 import transformers  # noqa: F401
 
+import compressflow.calibration.run  # noqa: F401
 import compressflow.data.build  # noqa: F401
 import compressflow.data.text_sources  # noqa: F401
 import compressflow.data.tokenizer  # noqa: F401
@@ -27,7 +28,6 @@ import compressflow.model.memory  # noqa: F401
 import compressflow.model.streaming  # noqa: F401
 import compressflow.model.tracing  # noqa: F401
 import compressflow.recipes.render  # noqa: F401
-import compressflow.runtime.calibration  # noqa: F401
 import compressflow.store.disk_space  # noqa: F401
 from compressflow import compat
 

@@ -39,25 +39,6 @@ def join_process_group() -> AbstractContextManager:
     return nullcontext()
 
 
-def rank_share(samples: int, rank: int, world: int) -> range:
-    """The calibration samples rank `rank` of `world` calibrates on: a contiguous share, the
-    first `samples % world` ranks one more. llm-compressor's distributed oneshot reduces the
-    modifiers' statistics (GPTQ's Hessians) across ranks, so every sample counts once; given
-    all samples each, every rank would repeat the whole calibration."""
-    size, extra = divmod(samples, world)
-    start = rank * size + min(rank, extra)
-    return range(start, start + size + (rank < extra))
-
-
-def this_rank() -> tuple[int, int]:
-    """(rank, world size) in a torchrun job; (0, 1) in a single calibration process."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
 def main(folder: Path) -> None:
     rank = int(os.environ["RANK"])
     log = os.open(folder / f"rank-{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)

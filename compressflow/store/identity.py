@@ -11,7 +11,7 @@ A cache bug means reading this module. Each key hashes what decides its result, 
 - `recipe_sha256`: a rendered recipe (its YAML text; the recipe engine and the target strategies
   set it on every recipe they make), part of `run_key`.
 - `resume_key`: a calibration checkpoint (what calibration reads, the code that runs it)
-  (`runtime.resume`).
+  (`calibration.resume`).
 - `code_identity`: every .py file of the installed package and the libraries' versions. What a
   stage returns depends on the code it calls and the libraries that do the work: editing or
   upgrading any of them misses the caches instead of reusing what the new code would not produce.
@@ -56,7 +56,7 @@ LIBRARIES = (
 )
 # The installed package's parts (flows, tasks and blocks are mapped from top-level folders).
 PACKAGES = ("compressflow", "compressflow.flows", "compressflow.tasks", "compressflow.blocks")
-# The layout of a calibration checkpoint's files (runtime.resume): bumped when it changes.
+# The layout of a calibration checkpoint's files (calibration.resume): bumped when it changes.
 RESUME_FORMAT = 1
 
 

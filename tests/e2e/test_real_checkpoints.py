@@ -17,12 +17,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from support.models import model_free_output
 
+from compressflow.calibration.run import capture_reference, load_for_calibration
 from compressflow.errors import ModelFetchError
 from compressflow.evaluation.quality import logits_of
 from compressflow.flows.compress import compress
 from compressflow.params import DatasetArgs, ModelArgs, OutputArgs, RecipeArgs, VerifyArgs
 from compressflow.results import MemoryPlan
-from compressflow.runtime.calibration import capture_reference, load_for_calibration
 from compressflow.tasks.fetch_model import fetch
 from compressflow.verification.names import check_names
 

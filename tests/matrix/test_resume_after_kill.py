@@ -19,8 +19,8 @@ import torch
 from safetensors.torch import load_file
 from support.processes import Output, flow_env, published_from, start
 
+from compressflow.calibration import resume
 from compressflow.demo.zoo import build_tiny, model_class
-from compressflow.runtime import resume
 
 # Checkpoints are discarded only below the cache root's calibration-resume folder: each test's
 # own (conftest's `cache_in_tmp_path`).

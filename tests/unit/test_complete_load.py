@@ -280,9 +280,9 @@ def test_the_loader_refuses_a_folder_missing_a_tensor_naming_tensor_and_file(sha
 def test_calibration_and_the_offloaded_load_refuse_it_too(tiny_model, tmp_path):
     """In memory, and under compressed-tensors' `load_offloaded_model` (disk placement, and a
     multi-GPU rank's load), which expects `from_pretrained` to return the model alone."""
+    from compressflow.calibration.run import load_for_calibration
     from compressflow.model.offload import load_offloaded
     from compressflow.results import MemoryPlan
-    from compressflow.runtime.calibration import load_for_calibration
 
     folder = copy_of(tiny_model, tmp_path)
     edit_shard(folder / "model.safetensors", lambda tensors: tensors.pop(LOST))

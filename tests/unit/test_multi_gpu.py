@@ -148,7 +148,7 @@ def test_while_a_run_holds_gpus_every_child_sees_only_those(monkeypatch):
 def test_each_rank_calibrates_on_its_own_share_of_the_samples(samples, world):
     """llm-compressor reduces the statistics across ranks: the shares cover every sample once,
     and differ in size by one at most."""
-    from compressflow.runtime.rank import rank_share
+    from compressflow.calibration.ranks import rank_share
 
     shares = [rank_share(samples, rank, world) for rank in range(world)]
     assert [i for share in shares for i in share] == list(range(samples))

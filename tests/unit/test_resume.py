@@ -18,12 +18,12 @@ import torch
 from safetensors.torch import load_file
 
 from compressflow import compat
+from compressflow.calibration import resume
+from compressflow.calibration.pipeline import resumable_pipeline
+from compressflow.calibration.resume import CalibrationCheckpoint
 from compressflow.data.local_text import python_docs
 from compressflow.params import RecipeArgs
 from compressflow.recipes.render import render
-from compressflow.runtime import resume
-from compressflow.runtime.pipeline import resumable_pipeline
-from compressflow.runtime.resume import CalibrationCheckpoint
 from compressflow.store import identity
 
 # Checkpoints are discarded only below the cache root's calibration-resume folder: each test's
@@ -282,7 +282,7 @@ def test_checkpoints_no_run_came_back_for_expire_and_nothing_else(tmp_path):
 def test_a_calibration_expires_stale_checkpoints_as_the_setting_says(tmp_path, monkeypatch, caplog):
     from types import SimpleNamespace
 
-    from compressflow.runtime.calibration import calibration_checkpoint
+    from compressflow.calibration.run import calibration_checkpoint
 
     stale = tmp_path / resume.ROOT / "two-days-old"
     stale.mkdir(parents=True)
@@ -328,7 +328,7 @@ def test_a_checkpoint_resumes_under_another_thread_share(tmp_path):
     changes during a run anyway): that is no reason to start over."""
     from types import SimpleNamespace
 
-    from compressflow.runtime.calibration import calibration_checkpoint
+    from compressflow.calibration.run import calibration_checkpoint
 
     inputs = (
         SimpleNamespace(identity="sha256:model", model_class="LlamaForCausalLM"),

@@ -318,7 +318,7 @@ def test_an_output_or_offload_folder_under_a_file_is_refused(tmp_path):
 
 
 def test_a_tokenizer_file_linking_out_of_the_model_folder_is_not_published(tmp_path):
-    from compressflow.runtime.calibration import copy_preprocessing_files
+    from compressflow.calibration.run import copy_preprocessing_files
 
     secret = tmp_path / "home" / ".clearml.conf"
     secret.parent.mkdir()

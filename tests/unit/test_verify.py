@@ -467,8 +467,8 @@ def test_model_free_writes_the_same_bytes_without_the_linears_random_init(
     """The calibrate stage runs model_free_ptq with torch's init functions turned off (each
     quantized weight's Linear is built, then the checkpoint's weight copied over it): every
     file it writes is what the library alone writes, for each scheme the model-free plan runs."""
+    from compressflow.calibration.run import calibrate_model_free
     from compressflow.results import FetchedModel
-    from compressflow.runtime.calibration import calibrate_model_free
 
     plain, _, plan = model_free_output(sharded_tiny_model, tmp_path, scheme)
     plan = plan.model_copy(

@@ -15,6 +15,7 @@ from prefect.utilities.schema_tools import validate
 from pydantic import ValidationError
 from transformers import GPT2Config, LlamaConfig, LlamaForCausalLM
 
+from compressflow.calibration import run as calibration_module
 from compressflow.errors import (
     CalibrationError,
     InputError,
@@ -28,7 +29,6 @@ from compressflow.model.tracing import check_quantized_layers, check_smoothquant
 from compressflow.params import ModelArgs, QualityGate, RecipeArgs, SearchSpace, VerifyArgs
 from compressflow.recipes.render import render
 from compressflow.results import Calibration, FetchedModel, MemoryPlan, VerificationCheck
-from compressflow.runtime import calibration as calibration_module
 from compressflow.tasks import verify as verify_module
 from compressflow.verification import reload as verification_reload
 

@@ -25,6 +25,9 @@ from functools import partial
 from pathlib import Path
 
 from compressflow import compat
+from compressflow.calibration.pipeline import resumable_pipeline
+from compressflow.calibration.ranks import rank_share, this_rank
+from compressflow.calibration.resume import CalibrationCheckpoint, expire
 from compressflow.compat import (
     add_reloadable_ignore_names,
     as_plain_linear,
@@ -61,9 +64,6 @@ from compressflow.results import (
     TraceReport,
     gib,
 )
-from compressflow.runtime.pipeline import resumable_pipeline
-from compressflow.runtime.rank import rank_share, this_rank
-from compressflow.runtime.resume import CalibrationCheckpoint, expire
 from compressflow.settings import settings
 from compressflow.store.disk_space import disk_full_is_clear, folder_size
 from compressflow.store.identity import calibration_resume_key
@@ -255,7 +255,7 @@ def calibration_checkpoint(
 @contextmanager
 def resumable(checkpoint: CalibrationCheckpoint | None, pipeline: str, oneshot_kwargs: dict):
     """Route oneshot's sequential passes through the checkpointing pipeline
-    (compressflow.runtime.pipeline says why a copy of the library's); `basic` and `datafree`
+    (compressflow.calibration.pipeline says why a copy of the library's); `basic` and `datafree`
     have no layers to resume from."""
     if checkpoint is None or pipeline not in ("auto", "independent", "sequential"):
         yield

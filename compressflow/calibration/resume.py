@@ -1,6 +1,6 @@
 """Calibration checkpoints: a crashed run resumes from the last finished subgraph.
 
-The sequential pipeline (compressflow.runtime.pipeline, the library has no resume of its own)
+The sequential pipeline (compressflow.calibration.pipeline, the library has no resume of its own)
 hands every finished subgraph to a `CalibrationCheckpoint`. At most every `interval_s` seconds it
 saves, under `<cache root>/calibration-resume/<run>/`:
 

@@ -26,7 +26,7 @@ RESUMABLE_PIPELINE = "compressflow-resumable"
 class Resuming(NamedTuple):
     """The checkpointer and pass grouping of the oneshot now running."""
 
-    checkpointer: Any  # compressflow.runtime.resume.CalibrationCheckpoint
+    checkpointer: Any  # compressflow.calibration.resume.CalibrationCheckpoint
     independent: bool
 
 
@@ -40,7 +40,7 @@ def resumable_pipeline(checkpointer, independent: bool) -> Iterator[str]:
     """Run oneshot's sequential passes through `RESUMABLE_PIPELINE` with `checkpointer`; yields
     the pipeline name to pass to oneshot.
 
-    `checkpointer` (compressflow.runtime.resume.CalibrationCheckpoint) says where to resume
+    `checkpointer` (compressflow.calibration.resume.CalibrationCheckpoint) says where to resume
     (`resume_at()`: (pass, subgraph) or None), puts back finished layers (`restore`), gives the
     saved activations (`activations`) and takes each finished subgraph (`subgraph_done`).
     """
