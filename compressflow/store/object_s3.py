@@ -291,37 +291,51 @@ class S3Store(ObjectStore):
             ) from None
         except ClientError as exc:
             code = error_code(exc)
-            if code in ("NoSuchBucket",) or (code == "404" and step == "list"):
-                raise InputError(
-                    field,
-                    f"the bucket {self.bucket!r} of {where} does not exist",
-                    f"create the bucket (aws s3 mb s3://{self.bucket}), or correct the URI",
-                ) from None
-            if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken"):
-                raise InputError(
-                    creds_field,
-                    f"the store refused the credentials for {where} ({code}): the key is "
-                    "unknown or the secret wrong",
-                    f"check {creds}",
-                ) from None
-            if code in ("ExpiredToken", "TokenRefreshRequired", "RequestExpired"):
-                raise InputError(
-                    creds_field,
-                    f"the credentials for {where} have expired ({code})",
-                    f"renew the session token in {creds}",
-                ) from None
-            if code in ("AccessDenied", "AllAccessDisabled", "403"):
-                raise InputError(
-                    field,
-                    f"these credentials may not {step} {where} ({code})",
-                    f"grant s3:ListBucket, s3:PutObject, s3:GetObject and s3:DeleteObject on "
-                    f"that prefix, or choose a prefix they may {step}",
-                ) from None
+            code = "NoSuchBucket" if (code, step) == ("404", "list") else code
+            words = {"bucket": self.bucket, "where": where, "code": code, "step": step}
+            for codes, whose, problem, fix in REFUSALS:
+                if code in codes:
+                    raise InputError(
+                        creds_field if whose == "credentials" else field,
+                        problem.format(**words),
+                        fix.format(creds=creds, **words),
+                    ) from None
             raise InputError(
                 field,
                 f"the store answered {code or 'an error'} on trying to {step} {where}",
                 "check the URI, the endpoint and the credentials",
             ) from None
+
+
+# What a probe's refusals say, by S3's error code: (codes, whose field, problem, fix).
+REFUSALS = (
+    (
+        {"NoSuchBucket"},
+        "uri",
+        "the bucket {bucket!r} of {where} does not exist",
+        "create the bucket (aws s3 mb s3://{bucket}), or correct the URI",
+    ),
+    (
+        {"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken"},
+        "credentials",
+        "the store refused the credentials for {where} ({code}): the key is unknown or the "
+        "secret wrong",
+        "check {creds}",
+    ),
+    (
+        {"ExpiredToken", "TokenRefreshRequired", "RequestExpired"},
+        "credentials",
+        "the credentials for {where} have expired ({code})",
+        "renew the session token in {creds}",
+    ),
+    (
+        {"AccessDenied", "AllAccessDisabled", "403"},
+        "uri",
+        "these credentials may not {step} {where} ({code})",
+        "grant s3:ListBucket, s3:PutObject, s3:GetObject and s3:DeleteObject on that prefix, "
+        "or choose a prefix they may {step}",
+    ),
+)
 
 
 def error_code(exc) -> str:

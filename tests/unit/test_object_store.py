@@ -338,3 +338,39 @@ def test_the_upload_record_is_the_proof(tmp_path):
     folder = published_folder(store_root)  # the folder itself, never uploaded through a commit
     manifest, why = check_published(f"file://{folder}")
     assert manifest is None and "not one compressflow uploaded" in why
+
+
+def test_credentials_from_an_aws_credentials_block(tmp_path, bucket, s3_server, monkeypatch):  # noqa: F811
+    """The block gives the keys and the endpoint (none in the environment); a wrong secret in it
+    is refused naming the block's field, and no secret is ever echoed."""
+    from prefect_aws import AwsCredentials
+
+    def block(secret: str) -> AwsCredentials:
+        return AwsCredentials(
+            aws_access_key_id=s3_server.key_id,
+            aws_secret_access_key=secret,
+            region_name="us-east-1",
+            aws_client_parameters={"endpoint_url": s3_server.endpoint},
+        )
+
+    blocks = {"store": block(s3_server.secret), "stale": block("not-the-secret")}
+
+    def load(name, *args, **kwargs):
+        if name not in blocks:
+            raise ValueError(f"Unable to find block document named {name}")
+        return blocks[name]
+
+    monkeypatch.setattr(AwsCredentials, "load", load)
+    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    uri = f"s3://{bucket}/from-block"
+    probe(uri, credentials_block="store")
+    assert commit_folder(published_folder(tmp_path / "out"), uri, credentials_block="store").sent
+    with pytest.raises(InputError) as wrong:
+        probe(uri, credentials_block="stale")
+    assert wrong.value.field == "output.upload_credentials" and "not-the-secret" not in str(
+        wrong.value
+    )
+    with pytest.raises(InputError, match="no AwsCredentials block is named 'nope'") as missing:
+        probe(uri, credentials_block="nope")
+    assert missing.value.field == "output.upload_credentials"
