@@ -60,11 +60,7 @@ def load_model_json(file: Path):
             f"fix {file.name} at that position, or download the model again",
         ) from None
     except UnicodeDecodeError:
-        raise ModelFetchError(
-            "model.model_id",
-            f"{file} is not UTF-8 text",
-            f"replace {file.name} with the model's original",
-        ) from None
+        raise not_utf8(file) from None
     except ValueError as exc:  # e.g. an integer longer than Python converts (4,300 digits)
         raise ModelFetchError(
             "model.model_id",
@@ -177,3 +173,12 @@ def _json(folder: Folder) -> None:
 READABLE = FolderCheck("readable", "model.model_id", lambda folder: check_readable(folder.path))
 FILES = FolderCheck("files", "model.model_id", lambda folder: check_files(folder.path))
 JSON = FolderCheck("json", "model.model_id", _json)
+
+
+def not_utf8(file: Path) -> ModelFetchError:
+    """The refusal of a text file of the model's (JSON, a template) that is not UTF-8."""
+    return ModelFetchError(
+        "model.model_id",
+        f"{file} is not UTF-8 text",
+        f"replace {file.name} with the model's original",
+    )

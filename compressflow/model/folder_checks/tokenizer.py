@@ -9,7 +9,7 @@ from pathlib import Path
 from compressflow.errors import ModelFetchError
 from compressflow.limits import read_text
 from compressflow.model.folder_checks import FolderCheck
-from compressflow.model.folder_checks.files import REMOTE_CODE_FILES, refuse_irregular
+from compressflow.model.folder_checks.files import REMOTE_CODE_FILES, not_utf8, refuse_irregular
 from compressflow.params import ModelArgs
 
 # Files a tokenizer loads from (a processor holds its tokenizer's too): one must be there.
@@ -93,11 +93,7 @@ def _templates(path: Path, settings: dict[str, dict]) -> list[tuple[str, Path, o
             try:
                 text = read_text(file, str(file), "model.model_id", ModelFetchError)
             except UnicodeDecodeError:
-                raise ModelFetchError(
-                    "model.model_id",
-                    f"{file} is not UTF-8 text",
-                    f"replace {file.name} with the model's original",
-                ) from None
+                raise not_utf8(file) from None
             found.append(("the template", file, text))
     return found
 
