@@ -22,6 +22,7 @@ from compressflow.data.text_sources import check_local, local_source
 from compressflow.errors import PublishError, SettingsError
 from compressflow.flows.strategies import choose
 from compressflow.inputs import Inputs, RunArgs
+from compressflow.model.args import is_store_uri
 from compressflow.model.folder_checks.files import local_folder
 from compressflow.model.folder_checks.registry import check_folder
 from compressflow.model.hardware import (
@@ -44,6 +45,7 @@ from compressflow.store.output import (
     check_target,
     output_path,
 )
+from compressflow.store.sources import check_source
 from compressflow.tasks.adapt_recipe import adapt_recipe
 from compressflow.tasks.build_dataset import build_dataset
 from compressflow.tasks.check_traceability import check_traceability
@@ -64,13 +66,17 @@ def precheck(args: RunArgs) -> None:
     resolve_inputs would meet them: the recipe's parts against one another (its YAML, the preset,
     placeholders and recipe_args; llm-compressor's own validation stays in render_recipe); a local
     model folder, whole (compressflow.model.folder_checks.registry.check_folder; a hub or
-    ClearML model is checked once downloaded); the output folder against the source and the
+    ClearML model is checked once downloaded); a model in object storage, by one listing of its
+    prefix (compressflow.store.sources.check_source: the store's refusals, before any
+    download); the output folder against the source and the
     filesystem, when save_directory names it; a local data file a preset calibrates on (a custom
     recipe's need for data is llm-compressor's to say, after render).
     """
     model, output, calibration = args.model, args.output, args.calibration
     _, _, preset, values = fill(args.recipe)
     local = local_folder(model)
+    if is_store_uri(model.model_id):  # one listing: URI, bucket, credentials, an empty prefix
+        check_source(model.model_id, model.storage_credentials)
     target = Path(output.save_directory).expanduser() if output.save_directory else None
     if target is not None and local is not None:
         # Before the folder's checks: they read it, and a publish could replace it.

@@ -1,6 +1,7 @@
 """The evaluate-model flow: what a compressed model lost against its base model, and a gate on it.
 
-Given the compressed model (the path or ClearML id compress-model published) and its base model,
+Given the compressed model (the path, upload URI or ClearML id compress-model published) and its
+base model,
 it scores both on the same held-out text (perplexity of each, KL divergence of their next-token
 distributions, top-1 agreement; see compressflow/evaluation/quality.py), logs them to ClearML and as a Prefect
 table artifact, and fails or flags the run when the loss passes the gate's thresholds. lm-eval
@@ -8,7 +9,11 @@ tasks (users' own, and the project's offline ones on a held-out file) run on bot
 well when asked for, each metric with its recovery, which the gate can hold to a minimum.
 
 The evaluate-model deployment in prefect.yaml is triggered by `compressflow.model.published`
-(compressflow/runtime/events.py), which fills `compressed` and `base` from the event's payload.
+(compressflow/runtime/events.py), which fills `compressed` and `base` from the event's payload:
+`compressed` is the upload URI where the model was uploaded (s3:// or file://), so an evaluation
+on another host reads it from the store; only its path otherwise. A model given by URI is
+downloaded into the worker's cache (compressflow/store/sources.py) and its results are recorded in
+the Prefect artifact and ClearML only: the prefix is not written back.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Literal
 from prefect import flow
 from prefect.artifacts import create_table_artifact
 
+from compressflow.arguments import block_name
 from compressflow.errors import (
     EvaluationError,
     InputError,
@@ -31,6 +37,7 @@ from compressflow.evaluation.harness import recovery, recovery_breaches
 from compressflow.evaluation.quality import breaches
 from compressflow.flows.opening import opened
 from compressflow.logs import run_logger
+from compressflow.model.args import is_store_uri
 from compressflow.model.serving import require_vllm
 from compressflow.params import (
     HeldOutArgs,
@@ -61,6 +68,7 @@ from compressflow.runtime.stages import Stages
 from compressflow.settings import check_settings
 from compressflow.store.locks import output_lock
 from compressflow.store.manifest import Manifest, changed_files, read_manifest, replace_manifest
+from compressflow.store.sources import check_source
 from compressflow.tasks.build_held_out import build_held_out
 from compressflow.tasks.compare_models import compare_models
 from compressflow.tasks.fetch_model import fetch_model, resolve_compressed
@@ -153,6 +161,14 @@ def evaluation_key(base: ModelArgs, manifest: Manifest | None) -> str:
     )
 
 
+def with_credentials(args: ModelArgs, block: str) -> ModelArgs:
+    """`args` reading the store with the flow's `storage_credentials` block where it names none
+    of its own."""
+    if args.storage_credentials or not block:
+        return args
+    return args.model_copy(update={"storage_credentials": block})
+
+
 def run_name() -> str:
     compressed = ModelArgs.model_validate(current_parameters()["compressed"])
     return f"evaluate {Path(compressed.model_id).name}"
@@ -168,11 +184,13 @@ def evaluate(
     tracking: TrackingArgs = TrackingArgs(),
     compressed_by: str = "",
     engine: Literal["transformers", "vllm"] = "transformers",
+    storage_credentials: str = "",
 ) -> EvaluationReport:
     """Score `compressed` against `base` on held-out text and apply the quality gate.
 
     Args:
-        compressed: The compressed model: the folder compress-model published (or its ClearML id).
+        compressed: The compressed model: the folder compress-model published, the s3:// or
+            file:// prefix it uploaded it to (output.upload_uri), or its ClearML id.
         base: The model it was compressed from; empty: the one its manifest records.
         held_out: Text both models read; calibration samples are left out of it.
         gate: Limits on the quality lost; passing one fails or flags the run.
@@ -182,10 +200,18 @@ def evaluate(
             trigger fills it); the two runs then link to each other.
         engine: What scores both models: transformers, or vLLM (the server users deploy to;
             needs the worker's vLLM environment, and reports no KL divergence).
+        storage_credentials: Name of a prefect-aws AwsCredentials block (never a key) for an
+            s3:// `compressed` or `base` whose own storage_credentials is empty; empty: the
+            worker's environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL).
     """
     check_settings()  # the worker's environment, before anything is opened or started
+    block = block_name(storage_credentials, "storage_credentials")
+    compressed = with_credentials(compressed, block)
     check_lm_eval(lm_eval)
     require_vllm("engine", engine == "vllm", "set engine to transformers")
+    base = base and with_credentials(base, block)
+    if base is not None and is_store_uri(base.model_id):  # before the compressed model downloads
+        check_source(base.model_id, base.storage_credentials, "base.model_id")
     compressed_path = resolve_compressed(compressed)
     manifest = read_manifest(compressed_path)
     recorded = manifest.base_model_args() if manifest and base is None else None
@@ -200,7 +226,7 @@ def evaluate(
             "pass base.model_id yourself, with base.trust_remote_code: true if you trust that "
             "model's code",
         )
-    base = base or recorded
+    base = base or (recorded and with_credentials(recorded, block))
     if base is None:
         raise InputError(
             "base",
@@ -279,10 +305,16 @@ def evaluate(
             description=f"{Path(report.compressed_path).name} against {base.model_id}: {verdict}",
         )
     report.tracking = tracker.status()
-    # Only the card of a folder given as a folder: a hub or ClearML copy is a cache, not ours.
+    # Only the card of a folder given as a folder: a hub, ClearML or store copy is a cache.
     given_as_folder = not compressed.clearml_model and Path(compressed.model_id).exists()
     if given_as_folder and manifest is not None:
         record_evaluation(compressed_path, manifest, report, base.model_id, engine)
+    elif is_store_uri(compressed.model_id):
+        run_logger(__name__).info(
+            "Recorded in the Prefect artifact and ClearML only: %s is not written back (its "
+            "manifest and card stay as published; docs/evaluation.md)",
+            compressed.model_id,
+        )
     apply_gate(found, compressed_path, gate)
     return report
 

@@ -1,10 +1,11 @@
 """Fetch model: resolves `model_id` to a local folder and records an immutable identity.
 
-Three sources: a local folder (identity: a content hash of its files), the Hugging Face hub (a
-snapshot at a revision; identity: the resolved commit sha) and the ClearML model registry
-(identity: the ClearML model id and content hash); the downloads live in
-`compressflow/model/download.py`. The hub token comes from a Prefect Secret block or HF_TOKEN,
-never from a flow parameter.
+Four sources: a local folder (identity: a content hash of its files), the Hugging Face hub (a
+snapshot at a revision; identity: the resolved commit sha), the ClearML model registry
+(identity: the ClearML model id and content hash), and a prefix in object storage (s3:// or
+file://, downloaded once into the worker's cache, then a local folder: its content hash); the
+downloads live in `compressflow/model/download.py` and `compressflow/store/sources.py`. The hub
+token comes from a Prefect Secret block or HF_TOKEN, never from a flow parameter.
 
 The folder's checks, run before weights load, live in `compressflow/model/folder_checks/`.
 """
@@ -17,6 +18,7 @@ from prefect import task
 
 from compressflow.errors import ModelFetchError
 from compressflow.logs import run_logger
+from compressflow.model.args import is_store_uri
 from compressflow.model.download import fetch_from_clearml, fetch_from_hub
 from compressflow.model.folder_checks.files import local_folder
 from compressflow.model.folder_checks.registry import check_folder
@@ -30,6 +32,7 @@ from compressflow.runtime.isolation import in_child
 from compressflow.store.caching import CACHE_EXPIRATION, LocalSourceAware
 from compressflow.store.disk_space import folder_size
 from compressflow.store.identity import content_hash, file_stats
+from compressflow.store.sources import fetch_store
 
 
 def hub_token(block_name: str) -> str | None:
@@ -76,11 +79,14 @@ def is_transient(task, task_run, state) -> bool:
 def fetch(args: ModelArgs, weights: bool = True) -> FetchedModel:
     """Resolve `args` to a local folder; the logic behind the `fetch model` task.
 
-    With `weights=False` (validation) a hub model is fetched without its weight files.
+    With `weights=False` (validation) a hub or store model is fetched without its weight files.
     """
     revision_resolved = None
     if args.clearml_model:
         source, path = "clearml", from_clearml(args)
+    elif is_store_uri(args.model_id):  # refused before a byte moves: URI, bucket, credentials
+        source = "store"
+        path = fetch_store(args.model_id, args.storage_credentials, weights=weights).path
     elif (local := local_folder(args)) is not None:  # refuses a path that does not exist
         source, path = "local", local
     else:
@@ -89,7 +95,7 @@ def fetch(args: ModelArgs, weights: bool = True) -> FetchedModel:
         path, revision_resolved = fetch_from_hub(args, hub_token(args.hub_token_block), weights)
     # Every source: a local folder has passed them once already, before any child started
     # (flows/checks.py `precheck`); a download is first checked here, once it is on disk.
-    check_folder(path, args, weights or source != "hub")
+    check_folder(path, args, weights or source not in ("hub", "store"))
     files = file_stats(path)  # before hashing: a write from here on shows at publishing
     if source == "hub":
         identity = f"hub:{args.model_id}@{revision_resolved}"
@@ -140,22 +146,32 @@ def fetch_model(args: ModelArgs, weights: bool = True) -> FetchedModel:
 
 
 def resolve_compressed(args: ModelArgs) -> Path:
-    """The compressed model's local folder (a path, a ClearML model id, or a hub id), held to
-    the same checks as a source folder but for being quantized: a folder missing its weights
-    or with a config cut off is refused here, naming `compressed`, not in a stage as a defect.
+    """The compressed model's local folder (a path, a ClearML model id, a hub id, or the s3://
+    or file:// prefix compress-model uploaded it to: downloaded into the cache only when its
+    manifest vouches for every object), held to the same checks as a source folder but for
+    being quantized: a folder missing its weights or with a config cut off is refused here,
+    naming `compressed`, not in a stage as a defect.
 
     Not `fetch`: that refuses quantized models, which is exactly what is evaluated here.
     """
     if args.clearml_model:
         path = from_clearml(args)
+    elif is_store_uri(args.model_id):
+        path = fetch_store(
+            args.model_id,
+            args.storage_credentials,
+            field="compressed.model_id",
+            published_only=True,
+        ).path
     elif (local := Path(args.model_id).expanduser()).exists():
         path = local.resolve()
     elif args.model_id.startswith((".", "/", "~")):
         raise ModelFetchError(
             "compressed.model_id",
             f"{args.model_id} does not exist on this worker",
-            "publish to storage every worker mounts (see the OutputSettings block), or pass a "
-            "ClearML model id with clearml_model: true",
+            "publish it to object storage (output.upload_uri) and pass that s3:// or file:// "
+            "URI, publish to storage every worker mounts, or pass a ClearML model id with "
+            "clearml_model: true",
         )
     else:
         path = fetch_from_hub(args, hub_token(args.hub_token_block))[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import ConfigDict, Field, field_validator
@@ -10,6 +11,15 @@ from compressflow.arguments import BLOCK_NAME_OR_EMPTY, Args, block_name, plain_
 
 # `module:function`, never serialized source: loaders are imported, not executed from text.
 DEFAULT_MODEL_CLASS = "AutoModelForCausalLM"
+# `scheme://...`: a model in object storage (compressflow.store.sources reads it; the schemes it
+# accepts are compressflow.store.object_uri's), never a hub id or a local folder, which hold no
+# `://`. Any scheme counts, so an unsupported one is refused as a URI, not sent to the hub.
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def is_store_uri(model_id: str) -> bool:
+    """Whether `model_id` names a model in object storage (s3://, file://, ...)."""
+    return bool(_URI.match(model_id))
 
 
 class ModelArgs(Args):
@@ -20,7 +30,9 @@ class ModelArgs(Args):
     model_id: str = Field(
         min_length=1,
         description="Hugging Face model id (e.g. meta-llama/Llama-3.2-1B-Instruct), a local "
-        "folder, or a ClearML model id when clearml_model is true.",
+        "folder, a prefix in object storage (s3://bucket/prefix or file:///abs/path: "
+        "downloaded once into the worker's cache), or a ClearML model id when clearml_model is "
+        "true.",
     )
     clearml_model: bool = Field(
         default=False, description="model_id is a ClearML model id, fetched with the ClearML SDK."
@@ -47,7 +59,20 @@ class ModelArgs(Args):
         "the token). Empty: HF_TOKEN from the worker's environment, if set.",
     )
 
+    storage_credentials: str = Field(
+        default="",
+        pattern=BLOCK_NAME_OR_EMPTY,
+        description="For an s3:// model_id: name of a prefect-aws AwsCredentials block (the "
+        "name, never a key). Empty: the worker's environment (AWS_ACCESS_KEY_ID, "
+        "AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL for an S3-compatible store).",
+    )
+
     @field_validator("hub_token_block", mode="before")
     @classmethod
     def _a_name_not_a_token(cls, value: Any) -> Any:
         return block_name(value, "model.hub_token_block")  # before the pattern, which echoes
+
+    @field_validator("storage_credentials", mode="before")
+    @classmethod
+    def _a_name_not_a_key(cls, value: Any) -> Any:
+        return block_name(value, "model.storage_credentials")

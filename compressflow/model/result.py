@@ -12,12 +12,16 @@ class FetchedModel(BaseModel):
     """A model on local disk, and what it is, independent of where it came from."""
 
     path: str = Field(description="Local folder with config, tokenizer and weights.")
-    source: Literal["local", "hub", "clearml"]
+    source: Literal["local", "hub", "clearml", "store"] = Field(
+        description="Where it came from; store: an s3:// or file:// prefix, downloaded into the "
+        "worker's cache (model_id is the URI)."
+    )
     model_id: str
     revision_requested: str | None = None
     revision_resolved: str | None = Field(default=None, description="Hub commit sha.")
     identity: str = Field(
-        description="Immutable identity: 'hub:<id>@<sha>', 'clearml:<id>:<hash>' or 'sha256:<hash>'."
+        description="Immutable identity: 'hub:<id>@<sha>', 'clearml:<id>:<hash>' or 'sha256:<hash>' (a "
+        "local folder's or a store download's content hash)."
     )
     size_bytes: int
     parameters: int | None = Field(default=None, description="From safetensors headers.")

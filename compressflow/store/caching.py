@@ -5,8 +5,9 @@ alone is wrong the other way for local sources: a model folder or data file edit
 its path. `LocalSourceAware` therefore keys on the inputs, the task's source, the code and
 library identity and a cheap stat signature (path, size, mtime, ctime, inode) of every local
 path found among the inputs (`compressflow.store.identity.cache_key`, where every key is
-computed). The stage itself then records a content identity (a hash), so a cache hit is still
-traceable in the manifest.
+computed). A model in object storage is keyed by one listing of its prefix (each object's size
+and etag), so a prefix written since is fetched again. The stage itself then records a content
+identity (a hash), so a cache hit is still traceable in the manifest.
 
 Cached results point at folders on disk; the flow's stage runner refreshes an entry whose folder
 was deleted, so a cleaned cache never surfaces as a confusing error downstream.
@@ -21,7 +22,9 @@ from typing import Any
 from prefect.cache_policies import INPUTS, TASK_SOURCE, CachePolicy
 from prefect.context import TaskRunContext
 
+from compressflow.model.args import ModelArgs, is_store_uri
 from compressflow.store.identity import cache_key
+from compressflow.store.sources import listing_key
 
 # Unpinned hub revisions ("main") are re-resolved after this long; pinned ones never change.
 CACHE_EXPIRATION = timedelta(days=7)
@@ -40,4 +43,13 @@ class LocalSourceAware(CachePolicy):
         **kwargs: Any,
     ) -> str | None:
         base = (INPUTS + TASK_SOURCE).compute_key(task_ctx, inputs, flow_parameters, **kwargs)
-        return None if base is None else cache_key(base, inputs)
+        if base is None:
+            return None
+        stores = []
+        for value in inputs.values():  # a model in object storage: keyed by what it holds now
+            if isinstance(value, ModelArgs) and is_store_uri(value.model_id):
+                key = listing_key(value.model_id, value.storage_credentials)
+                if key is None:  # not listed: no cached result, the stage runs and says why
+                    return None
+                stores.append(key)
+        return cache_key(base, inputs, tuple(stores))

@@ -344,11 +344,22 @@ def run_key(
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def cache_key(base: str, inputs: dict[str, Any]) -> str:
-    """A cached stage's key: Prefect's `base` (inputs and task source), `code_identity()`, and
-    the stat signature of every local path among the inputs."""
+def cache_key(base: str, inputs: dict[str, Any], stores: tuple[str, ...] = ()) -> str:
+    """A cached stage's key: Prefect's `base` (inputs and task source), `code_identity()`, the
+    stat signature of every local path among the inputs, and `stores`: the `store_listing_key`
+    of each store prefix among them."""
     signatures = [sig for path in local_paths(inputs) if (sig := stat_signature(path)) is not None]
-    return hashlib.sha256("\n".join([base, code_identity(), *signatures]).encode()).hexdigest()
+    parts = [base, code_identity(), *signatures, *stores]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def store_listing_key(uri: str, listing: dict[str, tuple[int, str]]) -> str:
+    """A prefix in object storage as one listing found it: its URI and each object's name, size
+    and etag (an etag changes whenever an object is written again). It names the worker's
+    download of a store model (compressflow.store.sources) and enters the fetch's cache key, so
+    a prefix written since downloads again and a cached fetch of it is not reused."""
+    lines = [uri, *(f"{name}:{size}:{etag}" for name, (size, etag) in sorted(listing.items()))]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
 def local_paths(inputs: dict[str, Any]) -> list[Path]:

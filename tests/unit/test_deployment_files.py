@@ -45,3 +45,33 @@ def test_a_deploy_checks_its_blocks_once_for_all_its_deployments(tmp_path, monke
     check_deployments.main([str(prefect_file), "--once-per-deploy"])
     assert checked == [prefect_file] * 3
     check_deployments.deploy_mark(prefect_file).unlink()
+
+
+def test_the_evaluate_trigger_reads_the_upload_uri_where_the_model_was_uploaded():
+    """evaluate-model's trigger fills `compressed` with the published event's `upload_uri` when
+    compress-model uploaded the model (another host then reads it from the store), else with its
+    `path`; rendered as Prefect's server renders an automation's parameters."""
+    import yaml
+    from prefect.events.schemas.events import Event
+    from prefect.server.utilities.user_templates import (
+        render_user_template_sync,
+        validate_user_template,
+    )
+
+    config = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    (evaluate,) = [d for d in config["deployments"] if d["name"] == "evaluate"]
+    (trigger,) = evaluate["triggers"]
+    template = trigger["parameters"]["compressed"]["model_id"]
+    validate_user_template(template)
+
+    def rendered(payload: dict) -> str:
+        event = Event(
+            event="compressflow.model.published",
+            resource={"prefect.resource.id": "compressflow.model." + "k" * 64},
+            payload=payload,
+        )
+        return render_user_template_sync(template, {"event": event})
+
+    assert rendered({"path": "/models/m", "upload_uri": "s3://models/m"}) == "s3://models/m"
+    assert rendered({"path": "/models/m", "upload_uri": ""}) == "/models/m"
+    assert rendered({"path": "/models/m"}) == "/models/m"  # an event from before upload_uri

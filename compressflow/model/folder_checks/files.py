@@ -12,6 +12,7 @@ from pathlib import Path
 
 from compressflow.errors import ModelFetchError
 from compressflow.limits import MAX_JSON_BYTES, not_regular, read_json
+from compressflow.model.args import is_store_uri
 from compressflow.model.download import HUB_CONFIG_PATTERNS
 from compressflow.model.folder_checks import Folder, FolderCheck
 from compressflow.params import ModelArgs
@@ -94,8 +95,9 @@ REMOTE_CODE_FILES = (
 
 def local_folder(args: ModelArgs) -> Path | None:
     """The local folder `model_id` names, resolved; None for a hub or ClearML id. A path that
-    does not exist (it starts with ., / or ~, or holds //) is refused, not sent to the hub."""
-    if args.clearml_model:
+    does not exist (it starts with ., / or ~, or holds //) is refused, not sent to the hub. A
+    store URI (s3://, file://) is no local folder: it is downloaded first."""
+    if args.clearml_model or is_store_uri(args.model_id):
         return None
     path = Path(args.model_id).expanduser()
     if path.exists():
