@@ -75,6 +75,12 @@ def test_worker_settings(env, case):
     fuzz.run_settings(env, case)
 
 
+@fuzz.seeded(12)
+@given(case=fuzz.store_source_cases)
+def test_store_model_sources(env, case):
+    fuzz.run_store_source(env, case)
+
+
 @fuzz.seeded(15)
 @given(case=fuzz.published_cases())
 def test_published_outputs_changed_since(env, w4a16_run, case):

@@ -1828,3 +1828,108 @@ def run_compress(env: FuzzEnv, case: Any) -> Ran:
                 f"({len(lost)} of {len(want)} tensors missing or changed)"
             )
         return Ran(case, outcome, params)
+
+
+# ---------------------------------------------------------------- model sources in a store
+
+
+@dataclass(frozen=True)
+class StoreSourceCase:
+    """`model.model_id` as a store URI (issue 56): `kind` names one of STORE_SOURCES. A file://
+    prefix holding the model (as other tools put it there, or as compressflow uploaded it)
+    passes validate, which downloads its configs into the worker's cache, outside the case's
+    folder; a malformed URI, an empty prefix, a file, and a published prefix whose objects were
+    changed, removed or added to since are refused naming model.model_id, before anything
+    downloads, with nothing written. No s3:// URI here reaches a server: the malformed ones are
+    refused before any network call (a missing bucket and wrong credentials are
+    tests/unit/test_store_source.py's, against moto)."""
+
+    kind: str
+
+    @property
+    def valid(self) -> bool:
+        return self.kind.startswith("valid:")
+
+    def prepare(self, env: FuzzEnv, root: Path) -> tuple[dict, list[Path]]:
+        uri = STORE_SOURCES[self.kind](env, root)
+        return validate_params(uri, root), [root, env.shared]
+
+
+def _published_prefix(env: FuzzEnv, root: Path) -> Path:
+    """env.shared sealed with a manifest and committed to a file:// prefix in `root`."""
+    from compressflow.store.objects import commit_folder
+
+    sealed = root / "sealed"
+    shutil.copytree(env.shared, sealed)
+    names = sorted(p.relative_to(sealed).as_posix() for p in sealed.rglob("*") if p.is_file())
+    digests = {n: hashlib.sha256((sealed / n).read_bytes()).hexdigest() for n in names}
+    manifest = {
+        "result": {"run_key": "f" * 64},
+        "files": sorted([*names, "manifest.json"]),
+        "file_sha256": digests,
+    }
+    (sealed / "manifest.json").write_text(json.dumps(manifest))
+    store = root / "store" / "published"
+    commit_folder(sealed, f"file://{store}")
+    return store
+
+
+def _changed(change: Callable[[Path], Any]) -> Callable[[FuzzEnv, Path], str]:
+    def uri(env: FuzzEnv, root: Path) -> str:
+        store = _published_prefix(env, root)
+        change(store)
+        return f"file://{store}"
+
+    return uri
+
+
+def _foreign(env: FuzzEnv, root: Path) -> str:
+    shutil.copytree(env.shared, root / "store" / "foreign")
+    return f"file://{root}/store/foreign"
+
+
+STORE_SOURCES: dict[str, Callable[[FuzzEnv, Path], str]] = {
+    "unknown scheme": lambda env, root: "ftpx://bucket/model",
+    "scheme not yet": lambda env, root: "gs://bucket/model",
+    "hub-like with scheme": lambda env, root: "hf://meta-llama/Llama-3.2-1B",
+    "upper-case bucket": lambda env, root: "s3://Models/llama",
+    "bucket root": lambda env, root: "s3://bucket/",
+    "dotdot": lambda env, root: "s3://bucket/a/../b",
+    "credentials": lambda env, root: "s3://AKIAFUZZ:fuzz-secret@bucket/model",
+    "query": lambda env, root: "s3://bucket/model?versionId=1",
+    "host and port": lambda env, root: "s3://localhost:9000/model",
+    "file relative": lambda env, root: "file://store/model",
+    "file empty prefix": lambda env, root: f"file://{root}/nothing/here",
+    "file is a file": lambda env, root: f"file://{_made(root, 'file')}",
+    "file under a file": lambda env, root: "file://" + _made(root, "file") + "/model",
+    "file newline": lambda env, root: f"file://{root}/store\nx",
+    "published, weights changed": _changed(
+        lambda store: (store / "model.safetensors").write_bytes(b"\0" * 64)
+    ),
+    "published, config removed": _changed(lambda store: (store / "config.json").unlink()),
+    "published, file added": _changed(lambda store: (store / "extra.py").write_text("x = 1\n")),
+    "published, manifest cut": _changed(
+        lambda store: (store / "manifest.json").write_text('{"files": [')
+    ),
+    "valid: foreign": _foreign,
+    "valid: published": _changed(lambda store: None),
+    "valid: localhost": lambda env, root: _foreign(env, root).replace(
+        "file://", "file://localhost"
+    ),
+}
+
+store_source_cases = st.builds(StoreSourceCase, st.sampled_from(sorted(STORE_SOURCES)))
+
+
+def run_store_source(env: FuzzEnv, case: StoreSourceCase) -> Ran:
+    """`case` through `validate`, held to the property; the valid ones pass, every other is
+    refused naming model.model_id (a URI's secret never shown)."""
+    ran = run_validate(env, case)
+    error = ran.outcome.error
+    if case.valid:
+        assert error is None, f"{case!r}: a valid store source was refused: {error}"
+        return ran
+    assert error is not None, f"{case!r}: passed validate"
+    assert "model.model_id" in str(error), f"{case!r}: the refusal names another field: {error}"
+    assert "fuzz-secret" not in str(error), f"{case!r}: {error}"
+    return ran
