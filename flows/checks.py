@@ -39,10 +39,12 @@ from compressflow.runtime.isolation import in_child, warm_up
 from compressflow.settings import variable
 from compressflow.store.disk_space import check_free_space
 from compressflow.store.identity import hashing_early, run_key
+from compressflow.store.objects import probe
 from compressflow.store.output import (
     check_apart,
     check_output_path,
     check_target,
+    check_upload_apart,
     output_path,
 )
 from compressflow.store.sources import check_source
@@ -70,7 +72,8 @@ def precheck(args: RunArgs) -> None:
     prefix (compressflow.store.sources.check_source: the store's refusals, before any
     download); the output folder against the source and the
     filesystem, when save_directory names it; a local data file a preset calibrates on (a custom
-    recipe's need for data is llm-compressor's to say, after render).
+    recipe's need for data is llm-compressor's to say, after render); last, `upload_uri`
+    (`check_upload`: the one check here that asks the network).
     """
     model, output, calibration = args.model, args.output, args.calibration
     _, _, preset, values = fill(args.recipe)
@@ -89,9 +92,28 @@ def precheck(args: RunArgs) -> None:
     needs_data = preset is not None and (
         PRESETS[preset].needs_data or bool(values.get("kv_cache_scheme"))
     )
+    data = None
     if needs_data and (dataset.text_samples or dataset.vision_samples):
         if (data := local_source(dataset)) is not None:
             check_local(data)
+    if output.upload_uri:
+        check_upload(args, local, target, data)
+
+
+def check_upload(args: RunArgs, local: Path | None, target: Path | None, data: Path | None):
+    """`output.upload_uri` apart from the output folder and every source the run reads (a
+    folder, a data file, a model's own URI), then writable: probed, a small object written and
+    deleted, so a missing bucket, credentials the store refuses and a prefix they may not write
+    are refused before any weights load (compressflow.store.objects.probe)."""
+    model, output = args.model, args.output
+    places = [
+        ("the source model's folder", local),
+        ("the source model", model.model_id if is_store_uri(model.model_id) else None),
+        ("the output folder (output.save_directory)", target),
+        ("the calibration data (dataset.dataset_name)", data),
+    ]
+    check_upload_apart(output.upload_uri, [(what, place) for what, place in places if place])
+    probe(output.upload_uri, output.upload_credentials)
 
 
 @contextmanager
@@ -137,6 +159,9 @@ def resolve_inputs(run: Runner, args: RunArgs, weights: bool = True) -> Inputs:
     target = output_path(output, fetched, rendered)
     # Whatever `overwrite` says, and before the dataset builds: the source is never written to.
     check_apart(target, Path(fetched.path), calibration.offload_folder)
+    if output.upload_uri:  # the model as fetched (a hub snapshot's cache), the default output
+        places = [("the source model's folder", fetched.path), ("the output folder", target)]
+        check_upload_apart(output.upload_uri, places)
     with default_output(named=bool(output.save_directory)):
         check_output_path(target)
     built = run(build_dataset, dataset, fetched, rendered.needs_data)

@@ -1,8 +1,10 @@
 """The compress-model flow: model + calibration data + recipe -> a vLLM-ready checkpoint.
 
-Cheap checks run first (the recipe renders before anything is downloaded; the output folder is
-checked before calibration), so mistakes fail in seconds. A run whose inputs match an output
-already published returns it without calibrating again. Calibration is the target strategy's
+Cheap checks run first (the recipe renders before anything is downloaded; the output folder and
+the upload URI are checked before calibration), so mistakes fail in seconds. A run whose inputs
+match an output already published returns it without calibrating again: the local folder's, or
+on a worker without it, the one uploaded to `output.upload_uri`. With an upload URI, the
+published folder is then committed there (tasks/upload.py), and the run returns its URI. Calibration is the target strategy's
 that applies (flows/strategies.py): the recipe as asked, or with a quality target, a search that
 calibrates again with modules left unquantized (tasks/search_target.py) or a mix of precisions
 (tasks/mix_precision.py); the calibration it chooses goes on to verify and publish.
@@ -38,7 +40,9 @@ from compressflow.reporting.lineage import (
     current_parameters,
     materializing,
     publish_lineage,
+    uploaded_asset,
 )
+from compressflow.reporting.summary import summarize_reused
 from compressflow.results import PublishedModel
 from compressflow.runtime.events import emit_published
 from compressflow.runtime.gpus import gpu_slots
@@ -46,11 +50,12 @@ from compressflow.runtime.isolation import warm_up
 from compressflow.runtime.stages import Stages
 from compressflow.settings import check_settings
 from compressflow.store.locks import output_lock
-from compressflow.store.output import find_published
+from compressflow.store.output import find_published, find_uploaded, holds_nothing
 from compressflow.store.staging import remove_leftovers, remove_staging
 from compressflow.tasks.build_held_out import build_held_out
 from compressflow.tasks.calibrate import calibrate
-from compressflow.tasks.publish import publish, summarize_reused
+from compressflow.tasks.publish import publish
+from compressflow.tasks.upload import upload, upload_reused
 from compressflow.tasks.verify import verify, verify_reused
 from compressflow.verification.vllm import vllm_not_run
 
@@ -116,7 +121,7 @@ def compress(
 def run_stages(args: RunArgs) -> PublishedModel:
     """The pipeline: cheap stages first, so mistakes fail before any weights load."""
     log = run_logger(__name__)
-    verify_args, calibration = args.verify, args.calibration
+    verify_args, calibration, output = args.verify, args.calibration, args.output
     require_vllm(
         "verify.vllm",
         verify_args.vllm == "required",
@@ -131,13 +136,24 @@ def run_stages(args: RunArgs) -> PublishedModel:
     with output_lock(target, log):
         # What killed runs left beside the output (copies of the weights, some of them).
         remove_leftovers(target)
-        if existing := find_published(target, resolved.key):
-            log.info("Reusing %s: it was published from the same model, data and recipe", target)
-            if vllm_not_run(existing, verify_args):  # vLLM arrived since: checked now
+        existing, stored = find_published(target, resolved.key), None
+        if existing is None and output.upload_uri and holds_nothing(target):
+            # A worker without the local copy (a fresh pod): the store's, when these inputs
+            # made it. Nothing is downloaded; its path is the URI.
+            existing, stored = find_uploaded(output, resolved.key) or (None, None)
+        if existing:
+            log.info(
+                "Reusing %s: it was published from the same model, data and recipe",
+                existing.path,
+            )
+            # vLLM's late check needs the local folder, which a reuse from the store lacks.
+            if stored is None and vllm_not_run(existing, verify_args):  # vLLM arrived since
                 with gpu_slots(1, wait_limit, "the vLLM check"):
                     stages.run(verify_reused, existing, resolved.model, verify_args)
+            if stored is None and output.upload_uri:  # the upload complete, or completed now
+                existing = stages.run(upload_reused, existing, output)
             reused = existing.model_copy(update={"stages": stages.records})
-            summarize_reused(reused)
+            summarize_reused(reused, stored)
             return reused
         plan = check_before_calibration(stages.run, resolved)
 
@@ -171,6 +187,14 @@ def run_stages(args: RunArgs) -> PublishedModel:
             )
             if plan.checkpoint_folder:  # published: nothing left to resume
                 discard(Path(plan.checkpoint_folder))
+            if output.upload_uri:  # the artifact upload: the sealed folder, as a commit
+                stored_asset = uploaded_asset(output.upload_uri, args.recipe.label())
+                published = stages.run(
+                    materializing(upload, stored_asset, [checkpoint], by="compressflow"),
+                    published,
+                    output,
+                    list(stages.records),
+                )
         finally:
             # The published one is gone already (renamed); the reference logits never published.
             for staging in calibrations.stagings:

@@ -38,7 +38,7 @@ from compressflow.params import (
 )
 from compressflow.runtime.stages import boundary
 from compressflow.settings import check_settings
-from compressflow.store.output import find_published
+from compressflow.store.output import find_published, find_uploaded, holds_nothing
 from compressflow.tasks.adapt_recipe import adapt_recipe
 from compressflow.tasks.build_dataset import build_dataset
 from compressflow.tasks.check_traceability import check_traceability
@@ -115,10 +115,12 @@ def validate(
     with boundary("validate"):  # what escapes between the checks' own boundaries
         inputs = resolve_inputs(timed.run, RunArgs(**dict(params)), weights=False)
         check_before_calibration(timed.run, inputs)
+        reuses = find_published(inputs.target, inputs.key) is not None
+        output = inputs.args.output
+        if not reuses and output.upload_uri and holds_nothing(inputs.target):  # as the flow
+            reuses = find_uploaded(output, inputs.key) is not None
     return ValidationReport(
-        checks=timed.checks,
-        output_path=str(inputs.target),
-        reuses_output=find_published(inputs.target, inputs.key) is not None,
+        checks=timed.checks, output_path=str(inputs.target), reuses_output=reuses
     )
 
 

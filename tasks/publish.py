@@ -3,8 +3,8 @@
 How a folder is sealed (one rename from staging) and what the manifest holds is the output
 store's business (`compressflow.store.staging`, `compressflow.store.manifest`); this stage
 assembles the manifest, seals, and shows the result: a Prefect summary artifact and the ClearML
-model. A run that reuses an output published earlier shows the same summary, marked reused
-(`summarize_reused`).
+model (`compressflow.reporting.summary`). With `output.upload_uri` those two wait for the upload
+stage (tasks/upload.py), so they name the store's URI.
 """
 
 from __future__ import annotations
@@ -13,20 +13,14 @@ import time
 from pathlib import Path
 
 from prefect import task
-from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from compressflow.errors import InputError
 from compressflow.inputs import Inputs
 from compressflow.logs import run_logger
 from compressflow.reporting import tracking
-from compressflow.reporting.artifacts import (
-    artifact_key,
-    duration,
-    layer_error_table,
-    stage_table,
-)
-from compressflow.reporting.model_card import CARD, card_body, model_card
+from compressflow.reporting.model_card import CARD, model_card
+from compressflow.reporting.summary import create_summary, register_published
 from compressflow.reporting.tradeoff import SVG_FILE, tradeoff_svg
 from compressflow.results import (
     Calibration,
@@ -45,64 +39,9 @@ from compressflow.store.manifest import (
     hashed_files,
     published_files,
     published_model,
-    read_manifest,
     write_manifest,
 )
 from compressflow.store.staging import seal
-
-
-def summary_key(manifest: Manifest) -> str:
-    return artifact_key(manifest.model["model_id"], manifest.recipe["source"], "summary")
-
-
-def summary_markdown(
-    published: PublishedModel,
-    manifest: Manifest,
-    stages: list[StageRecord],
-    tracking_link: str | None,
-) -> str:
-    """What a person reads after the run: the model card's body, then this run's stages and
-    GPTQ's per-module figures; `stages` are this run's, which a reused output's manifest does
-    not hold."""
-    reused = (
-        f"> **Reused**: published earlier by another run, at {manifest.created_at}; this run "
-        "found it made from the same inputs and did not calibrate.\n\n"
-        if published.reused
-        else ""
-    )
-    layers = (
-        f"\n## Quantization error per module\n\n{layer_error_table(manifest.modules)}\n"
-        if manifest.modules
-        else ""
-    )
-    if manifest.layers:
-        slowest = max(manifest.layers, key=lambda layer: layer.seconds)
-        layers += (
-            f"\n## Calibration time per layer\n\n{len(manifest.layers)} subgraph(s); the "
-            f"slowest: layer {slowest.layer} (pass {slowest.calibration_pass}), "
-            f"{duration(slowest.seconds)}. All of them are in `manifest.json` (`layers`) and "
-            "ClearML (`calibration seconds by subgraph`).\n"
-        )
-    card = card_body(manifest, Path(published.path), tracking_link, show_output=True)
-    return f"{reused}{card}\n## Stages\n\n{stage_table(stages)}\n{layers}"
-
-
-def create_summary(
-    published: PublishedModel, manifest: Manifest, stages: list[StageRecord]
-) -> None:
-    create_markdown_artifact(
-        summary_markdown(published, manifest, stages, tracking.current().link()),
-        key=summary_key(manifest),
-        description=f"Compressed model at {published.path}",
-    )
-
-
-def summarize_reused(published: PublishedModel) -> None:
-    """The summary for an output an earlier run published, which this run returns as is.
-
-    Called by the flow under the output's lock, after find_published read the same manifest.
-    """
-    create_summary(published, read_manifest(Path(published.path)), published.stages)
 
 
 def check_source_unchanged(model: FetchedModel) -> None:
@@ -137,7 +76,7 @@ def publish(
     `search`: what compressing to a quality target tried, when the run had a target."""
     started = time.perf_counter()
     model, recipe, output = inputs.model, inputs.recipe, inputs.args.output
-    key, staging, target_path = inputs.key, Path(calibration.staging_path), inputs.target
+    staging, target_path = Path(calibration.staging_path), inputs.target
     manifest = Manifest.of_run(inputs, calibration, plan, verification, stages, search)
     check_source_unchanged(model)
     with disk_full_is_clear(staging):
@@ -147,7 +86,8 @@ def publish(
         manifest.files = published_files(staging, MANIFEST, CARD)
         manifest.file_sha256 = file_digests(staging, hashed_files(staging))
         write_manifest(staging, manifest)
-        card = model_card(manifest, target_path, Path(model.path), tracking.current().link())
+        link = tracking.current().link()
+        card = model_card(manifest, target_path, Path(model.path), link, output.upload_uri)
         (staging / CARD).write_text(card)
         seal(staging, target_path, output.overwrite)
     published = published_model(target_path, manifest, reused=False)
@@ -163,18 +103,9 @@ def publish(
     tracker.artifact("manifest", manifest.model_dump(mode="json"))
     tracker.artifact("recipe", str(target_path / "recipe.yaml"))
     tracker.artifact("model card", str(target_path / CARD))
-    tracker.register_model(
-        target_path,
-        name=target_path.name,
-        tags=output.tags,
-        metadata={
-            "base_model": model.identity,
-            "recipe_sha256": recipe.sha256,
-            "scheme": recipe.scheme,
-            "compression_ratio": published.compression_ratio,
-            "run_key": key,
-        },
-    )
+    if output.upload_uri:  # the upload stage registers and summarizes it, naming the store
+        return published
+    register_published(published, manifest, output.tags)
     # Last, so publish's own row covers the sealing and the ClearML upload before it.
     publishing = StageRecord(
         name="publish", seconds=round(time.perf_counter() - started, 3), cached=False

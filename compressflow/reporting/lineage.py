@@ -115,6 +115,17 @@ def checkpoint_asset(path: str | Path, label: str) -> Asset:
     )
 
 
+def uploaded_asset(uri: str, label: str) -> Asset:
+    """The published checkpoint in object storage (output.upload_uri), keyed by its URI: the
+    upload stage materializes it from the local checkpoint, so the Assets page names the store."""
+    return Asset(
+        key=_key(uri.split("://", 1)[0], uri.split("://", 1)[1]),
+        properties=AssetProperties(
+            name=f"{uri.rstrip('/').rsplit('/', 1)[-1]} ({label})", description=uri
+        ),
+    )
+
+
 def evaluation_asset(checkpoint: str | Path) -> Asset:
     return Asset(
         key=_file_key(checkpoint, protocol="evaluation"),

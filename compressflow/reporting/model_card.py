@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shlex
 from pathlib import Path
+from urllib.parse import unquote
 
 from compressflow.limits import MAX_TEXT_BYTES
 from compressflow.registries.presets import KV_CACHE_FP8
@@ -225,11 +226,28 @@ def target_section(search: TargetSearch | None, inline_chart: bool = False) -> s
     )
 
 
+def serve_command(folder: Path | str, upload_uri: str = "", kv_cache: bool = False) -> str:
+    """The `vllm serve` line: from the store where the model was uploaded (vLLM streams s3://
+    with its Run:ai loader; a file:// upload is a folder), else from the published folder."""
+    if upload_uri.startswith("s3://"):
+        where, flags = upload_uri, " --load-format runai_streamer"
+    elif upload_uri.startswith("file://"):
+        where, flags = unquote(upload_uri.removeprefix("file://")), ""
+    else:
+        where, flags = str(folder), ""
+    return f"vllm serve {shlex.quote(where)}{flags}" + (" --kv-cache-dtype fp8" if kv_cache else "")
+
+
 def card_body(
-    manifest: Manifest, folder: Path, run_link: str | None, show_output: bool = False
+    manifest: Manifest,
+    folder: Path | str,
+    run_link: str | None,
+    show_output: bool = False,
+    upload_uri: str = "",
 ) -> str:
     """The card without its front matter: also the body of the run's Prefect summary, which
-    names the output folder (`show_output`); the card lives in that folder."""
+    names the output folder (`show_output`); the card lives in that folder. `upload_uri`: where
+    the model is uploaded (output.upload_uri), which the serve line then loads from."""
     model, result = manifest.model, manifest.result
     served = manifest.verification.vllm if manifest.verification else None
     kv_cache = manifest.recipe.get("kv_cache_scheme")
@@ -239,6 +257,7 @@ def card_body(
     return (
         f"# Compressed model: {display_name(model['model_id'], manifest.recipe['source'])}\n\n"
         + (f"- **Output**: `{folder}`\n" if show_output else "")
+        + (f"- **Uploaded to**: `{upload_uri}`\n" if upload_uri else "")
         + f"- **Base model**: {base_model_line(model)}\n"
         f"- **Recipe**: `{manifest.recipe['source']}`"
         + (f" ({modifiers})" if modifiers else "")
@@ -255,16 +274,17 @@ def card_body(
         f"{target_section(manifest.target, show_output)}"
         f"## Verification\n\n{verification_list(manifest.verification)}\n"
         "## Serve it\n\n"
-        f"```bash\nvllm serve {shlex.quote(str(folder))}"
-        + (" --kv-cache-dtype fp8" if kv_cache else "")
-        + "\n```\n\n"
+        f"```bash\n{serve_command(folder, upload_uri, bool(kv_cache))}\n```\n\n"
         f"Made with {libraries or 'compressflow'}; `manifest.json` holds every figure above and "
         "the run's parameters.\n"
     )
 
 
-def model_card(manifest: Manifest, folder: Path, source: Path, run_link: str | None) -> str:
-    """The card's full text for the published `folder`, made from `source`."""
+def model_card(
+    manifest: Manifest, folder: Path, source: Path, run_link: str | None, upload_uri: str = ""
+) -> str:
+    """The card's full text for the published `folder`, made from `source` (and uploaded to
+    `upload_uri`, when set)."""
     from huggingface_hub import ModelCard, ModelCardData
 
     result = manifest.result
@@ -279,7 +299,7 @@ def model_card(manifest: Manifest, folder: Path, source: Path, run_link: str | N
             t for t in ("compressed-tensors", "llm-compressor", "compressflow", result.scheme) if t
         ],
     )
-    body = card_body(manifest, folder, run_link)
+    body = card_body(manifest, folder, run_link, upload_uri=upload_uri)
     # Not a template: names in the body (a model id, a path) are text, never template code.
     return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}"))
 

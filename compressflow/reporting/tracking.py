@@ -176,26 +176,35 @@ class Tracker:
             wait_on_upload=True,
         )
 
-    def register_model(self, folder: Path, name: str, tags: list[str], metadata: dict) -> None:
-        """Register `folder` as the task's OutputModel; offline, record it as an artifact."""
+    def register_model(
+        self, folder: Path, name: str, tags: list[str], metadata: dict, uri: str = ""
+    ) -> None:
+        """Register the published model as the task's OutputModel; offline, record it as an
+        artifact. With `uri` (where it was uploaded: output.upload_uri) the model is registered
+        at that URI, which ClearML only records: the store holds it already, so no second copy
+        of the weights is zipped and uploaded. Without one, the local `folder` is packaged."""
         if self.task is None:
             return
         if self.mode == "offline":
             # OutputModel needs a server (it fails on the offline dummy model); the folder is
             # referenced, not zipped into the session: real checkpoints are tens of GB.
             self.artifact(
-                "compressed-model", {"path": str(folder), "uri": folder.as_uri(), **metadata}
+                "compressed-model",
+                {"path": str(folder), "uri": uri or folder.as_uri(), **metadata},
             )
             self.text(
-                f"Offline: compressed model recorded as artifact 'compressed-model' ({folder}); "
-                "OutputModel registration happens online only"
+                f"Offline: compressed model recorded as artifact 'compressed-model' "
+                f"({uri or folder}); OutputModel registration happens online only"
             )
             return
         try:
             from clearml import OutputModel
 
             model = OutputModel(task=self.task, name=name, tags=tags, framework="PyTorch")
-            model.update_weights_package(weights_path=str(folder), auto_delete_file=False)
+            if uri:
+                model.update_weights(register_uri=uri, auto_delete_file=False)
+            else:
+                model.update_weights_package(weights_path=str(folder), auto_delete_file=False)
             for key, value in metadata.items():
                 model.set_metadata(key, str(value), v_type="str")
         except Exception as exc:  # registration failing must not fail the published model

@@ -10,7 +10,10 @@ the payload, and a user's own deployment can subscribe with the same `expect`/`m
 - related: the flow run that published it;
 - payload: `path`, `model_identity`, `scheme`, `base_model` (the compress run's ModelArgs, so a
   consumer fetches the base model exactly as compression did), `run_key`, `reused`,
-  `compression_ratio`, `flow_run_id`.
+  `compression_ratio`, `flow_run_id`, and `upload_uri`: where the model was uploaded
+  (`output.upload_uri`, complete and checked; "" when the run uploaded nothing). A consumer on
+  another host reads the model from there: `path` is a folder on the publishing worker, or the
+  same URI when that worker reused the upload without a local copy.
 
 A reused output emits the event too, with `reused: "true"`: the model is published either way and
 subscribers that only want new checkpoints filter on the label (evaluate-model's trigger does).
@@ -38,6 +41,7 @@ def published_payload(published: PublishedModel, base: ModelArgs, flow_run_id: s
         "reused": published.reused,
         "compression_ratio": published.compression_ratio,
         "flow_run_id": flow_run_id,
+        "upload_uri": published.upload_uri,
     }
 
 

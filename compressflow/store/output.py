@@ -5,7 +5,10 @@ folder (`output_path`). Before any work a run refuses a path it could not create
 (`check_output_path`), an output that overlaps the source model's folder (`check_apart`), and a
 folder that already holds another model (`check_target`), unless it is an earlier compressflow
 output (it holds our manifest) and `overwrite` is asked for. An output made from the same inputs
-and still holding the bytes it was published with is reused (`find_published`).
+and still holding the bytes it was published with is reused (`find_published`), or, on a
+worker without the local copy, the one uploaded to `upload_uri` (`find_uploaded`). An upload
+URI that is, lies inside or contains the output folder or a source the run reads is refused
+(`check_upload_apart`).
 """
 
 from __future__ import annotations
@@ -14,8 +17,12 @@ import errno
 import os
 import re
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from pydantic import ValidationError
 
 from compressflow.errors import InputError, PublishError
+from compressflow.logs import run_logger
 from compressflow.params import OutputArgs
 from compressflow.results import FetchedModel, PublishedModel, RenderedRecipe
 from compressflow.settings import settings
@@ -28,6 +35,8 @@ from compressflow.store.manifest import (
     read_manifest,
     refuse_unpublished,
 )
+from compressflow.store.object_uri import ObjectLocation, parse_upload_uri
+from compressflow.store.objects import URI_FIELD, check_published
 from compressflow.store.staging import PID_MAX, reference_path, staging_name
 
 
@@ -53,6 +62,79 @@ def find_published(target: Path, key: str) -> PublishedModel | None:
     if not _same_run(manifest, key) or changed_files(target, manifest) != []:
         return None
     return published_model(target, manifest, reused=True)
+
+
+def holds_nothing(target: Path) -> bool:
+    """Whether `target` is absent or an empty folder: no output of any run is there."""
+    return not os.path.lexists(target) or (
+        target.is_dir() and not target.is_symlink() and not any(target.iterdir())
+    )
+
+
+def find_uploaded(output: OutputArgs, key: str) -> tuple[PublishedModel, Manifest] | None:
+    """The output at `output.upload_uri` when it was made from exactly the same inputs, verified,
+    and every object there is still what its manifest recorded on upload (one listing and one
+    manifest read: `compressflow.store.objects.check_published`); None otherwise. Nothing is
+    downloaded: the PublishedModel's `path` is the URI, which is where the model is."""
+    body, why = check_published(output.upload_uri, output.upload_credentials)
+    if body is None:
+        run_logger(__name__).info("Nothing to reuse at %s: %s", output.upload_uri, why)
+        return None
+    try:
+        manifest = Manifest.model_validate(body)
+    except ValidationError:  # a manifest of ours this version cannot read: not reused
+        return None
+    if not _same_run(manifest, key):
+        return None
+    uri = output.upload_uri
+    published = PublishedModel(
+        reused=True, path=uri, upload_uri=uri, **manifest.result.model_dump()
+    )
+    return published, manifest
+
+
+def _as_location(place: str | Path) -> ObjectLocation | None:
+    """Where a source or output lies, as a store location: a local path as file://, a URI as
+    itself (leniently: a source's URI is checked by its own field); None for neither."""
+    text = str(place)
+    if "://" not in text:
+        return ObjectLocation("file", "", str(source_folder(text)))
+    parts = urlsplit(text)
+    scheme, path = parts.scheme.lower(), unquote(parts.path).strip("/")
+    if scheme == "file":
+        return ObjectLocation("file", "", str(Path("/", path).resolve()))
+    return ObjectLocation(scheme, parts.netloc.lower(), path)
+
+
+def _uri_relation(upload: ObjectLocation, other: ObjectLocation) -> str | None:
+    if (upload.scheme, upload.bucket) != (other.scheme, other.bucket):
+        return None
+    if upload.scheme == "file":  # symlinks resolved, as check_apart compares folders
+        return relation(Path(upload.prefix).resolve(), Path(other.prefix))
+    mine, theirs = upload.prefix.split("/"), [p for p in other.prefix.split("/") if p]
+    if mine == theirs:
+        return "is"
+    if mine[: len(theirs)] == theirs:
+        return "lies inside"
+    if theirs[: len(mine)] == mine:
+        return "contains"
+    return None
+
+
+def check_upload_apart(uri: str, places: list[tuple[str, str | Path]]) -> None:
+    """Refuse an upload URI that is, lies inside or contains one of `places`, each (what it is,
+    its folder or URI): the output folder (an upload into itself) or a source the run reads (an
+    upload would write among its files, and `overwrite` delete some)."""
+    upload = parse_upload_uri(uri, URI_FIELD)
+    for what, place in places:
+        other = _as_location(place)
+        if other is not None and (how := _uri_relation(upload, other)):
+            raise InputError(
+                URI_FIELD,
+                f"{upload.uri} {how} {what}, {place} (symlinks resolved): uploading there would "
+                "write among its files",
+                "choose an upload_uri apart from the model, the data and save_directory",
+            )
 
 
 def check_target(target: Path, key: str, overwrite: bool) -> None:

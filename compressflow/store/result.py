@@ -14,7 +14,10 @@ class StageRecord(BaseModel):
 class PublishedModel(BaseModel):
     """Where the compressed model is and what it is: what downstream flows consume."""
 
-    path: str
+    path: str = Field(
+        description="The published folder; the upload URI instead when the run reused an "
+        "upload and this worker holds no local copy (a fresh worker: nothing was downloaded)."
+    )
     run_key: str
     reused: bool = Field(description="True when an earlier run's output was returned as is.")
     model_identity: str
@@ -24,5 +27,10 @@ class PublishedModel(BaseModel):
     compression_ratio: float
     stages: list[StageRecord] = Field(
         default_factory=list, description="This run's stages: seconds taken and cache hits."
+    )
+    upload_uri: str = Field(
+        default="",
+        description="Where the model was uploaded (output.upload_uri, normalised), complete and "
+        "checked; empty when it was not uploaded.",
     )
     tracking: str = Field(default="", description="Where ClearML logged the run, or why it failed.")

@@ -76,6 +76,12 @@ def test_worker_settings(env, case):
 
 
 @fuzz.seeded(12)
+@given(case=fuzz.upload_cases)
+def test_upload_uris(env, case):
+    fuzz.run_upload(env, case)
+
+
+@fuzz.seeded(12)
 @given(case=fuzz.store_source_cases)
 def test_store_model_sources(env, case):
     fuzz.run_store_source(env, case)

@@ -1,10 +1,11 @@
 """The fuzzer (issue 39): inputs nobody here wrote, as a tired user or an attacker hands them to
 compress-model, and the one property every case is held to.
 
-Seven kinds of input, one Hypothesis strategy each (`checkpoint_cases`, `tokenizer_cases`,
-`recipe_cases`, `data_cases`, `output_cases`, the worker's environment: `settings_cases`, and the
+Eight kinds of input, one Hypothesis strategy each (`checkpoint_cases`, `tokenizer_cases`,
+`recipe_cases`, `data_cases`, `output_cases`, the worker's environment: `settings_cases`, the
 output a rerun finds already published, changed since: `published_cases`, which also go to
-evaluate-model as `compressed`: `run_evaluated`).
+evaluate-model as `compressed`: `run_evaluated`, and where the output is uploaded:
+`upload_cases`, `run_upload`).
 A case is a frozen dataclass whose repr is the Python that builds it, so a case the fuzzer found is pasted into an `@example(...)` as printed.
 `Case.prepare(env, root)` applies it to fresh copies in `root`, a folder of its own (the shared
 models in `FuzzEnv` are never mutated), and returns the parameter groups to call the flow with.
@@ -1675,6 +1676,80 @@ def run_evaluated(env: FuzzEnv, case: PublishedCase) -> Ran:
 
 
 HELD_OUT = {"samples": 4, "max_seq_len": 32}
+
+
+# ---------------------------------------------------------------- upload URIs
+
+
+@dataclass(frozen=True)
+class UploadCase:
+    """`output.upload_uri` as typed or pasted: `kind` names one of UPLOAD_URIS. A valid file://
+    URI passes (its probe writes one object and deletes it); every other is refused naming
+    output.upload_uri, before any weights load, and writes nothing. No s3:// URI here reaches
+    a server: the malformed ones are refused before any network call (a well-formed one is
+    tests/unit/test_upload_params.py's, against moto)."""
+
+    kind: str
+
+    @property
+    def valid(self) -> bool:
+        return self.kind.startswith("valid:")
+
+    def prepare(self, env: FuzzEnv, root: Path) -> tuple[dict, list[Path]]:
+        output = {"upload_uri": UPLOAD_URIS[self.kind](env, root)}
+        return validate_params(env.shared, root, output=output), [root, env.shared]
+
+
+UPLOAD_URIS: dict[str, Callable[[FuzzEnv, Path], str]] = {
+    "no scheme": lambda env, root: str(root / "store"),
+    "unknown scheme": lambda env, root: "ftpx://bucket/model",
+    "scheme not yet": lambda env, root: "gs://bucket/model",
+    "short bucket": lambda env, root: "s3://ab/model",
+    "upper-case bucket": lambda env, root: "s3://Models/llama",
+    "ip bucket": lambda env, root: "s3://10.0.0.1/model",
+    "bucket root": lambda env, root: "s3://bucket",
+    "bucket root slash": lambda env, root: "s3://bucket/",
+    "dotdot": lambda env, root: "s3://bucket/a/../b",
+    "dot": lambda env, root: "s3://bucket/./b",
+    "empty segment": lambda env, root: "s3://bucket/a//b",
+    "credentials": lambda env, root: "s3://AKIAFUZZ:fuzz-secret@bucket/model",
+    "query": lambda env, root: "s3://bucket/model?versionId=1",
+    "fragment": lambda env, root: "s3://bucket/model#x",
+    "host and port": lambda env, root: "s3://localhost:9000/model",
+    "file relative": lambda env, root: "file://store/model",
+    "file dotdot": lambda env, root: f"file://{root}/a/../store",
+    "file credentials": lambda env, root: f"file://me:pw@{root}/store",
+    "pasted with a space": lambda env, root: f" file://{root}/store",
+    "newline": lambda env, root: f"file://{root}/store\nx",
+    "nul byte": lambda env, root: f"file://{root}/store\x00x",
+    "long prefix": lambda env, root: "s3://bucket/" + "/".join(["p" * 100] * 10),
+    "file in the source": lambda env, root: f"file://{env.shared}/upload",
+    "file is the source": lambda env, root: f"file://{env.shared}",
+    "file is the output": lambda env, root: f"file://{root}/out",
+    "file holds the output": lambda env, root: f"file://{root}",
+    "file under a file": lambda env, root: "file://" + _made(root, "file") + "/model",
+    "file in /proc": lambda env, root: "file:///proc/fuzz-upload",
+    "valid: file": lambda env, root: f"file://{root}/store/model",
+    "valid: file, slash": lambda env, root: f"file://{root}/store/model/",
+    "valid: file, localhost": lambda env, root: f"file://localhost{root}/store/model",
+    "valid: file, escaped": lambda env, root: f"file://{root}/my%20store/model",
+}
+
+upload_cases = st.builds(UploadCase, st.sampled_from(sorted(UPLOAD_URIS)))
+
+
+def run_upload(env: FuzzEnv, case: UploadCase) -> Ran:
+    """`case` through `validate`, held to the property; a valid file:// URI passes, every other
+    is refused naming output.upload_uri (the secret of a URI with credentials never shown)."""
+    ran = run_validate(env, case)
+    error = ran.outcome.error
+    if case.valid:
+        assert error is None, f"{case!r}: a valid upload URI was refused: {error}"
+        return ran
+    assert error is not None, f"{case!r}: passed validate"
+    assert "output.upload_uri" in str(error), f"{case!r}: the refusal names another field: {error}"
+    assert "fuzz-secret" not in str(error) and ":pw@" not in str(error), f"{case!r}: {error}"
+    return ran
 
 
 # ---------------------------------------------------------------- running a case

@@ -22,6 +22,7 @@ from compressflow.reporting.artifacts import (
     slug,
     stage_table,
 )
+from compressflow.reporting.summary import summary_key, summary_markdown
 from compressflow.results import (
     ModuleMetric,
     Point,
@@ -32,7 +33,6 @@ from compressflow.results import (
     VerificationCheck,
 )
 from compressflow.store.manifest import Manifest, ManifestResult
-from compressflow.tasks.publish import summary_key, summary_markdown
 from compressflow.tasks.verify import verification_markdown
 
 KEY = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
