@@ -1,11 +1,11 @@
 """The fuzzer (issue 39): inputs nobody here wrote, as a tired user or an attacker hands them to
 compress-model, and the one property every case is held to.
 
-Eight kinds of input, one Hypothesis strategy each (`checkpoint_cases`, `tokenizer_cases`,
+Nine kinds of input, one Hypothesis strategy each (`checkpoint_cases`, `tokenizer_cases`,
 `recipe_cases`, `data_cases`, `output_cases`, the worker's environment: `settings_cases`, the
 output a rerun finds already published, changed since: `published_cases`, which also go to
-evaluate-model as `compressed`: `run_evaluated`, and where the output is uploaded:
-`upload_cases`, `run_upload`).
+evaluate-model as `compressed`: `run_evaluated`, where the output is uploaded: `upload_cases`,
+`run_upload`, and a model read from object storage: `store_source_cases`).
 A case is a frozen dataclass whose repr is the Python that builds it, so a case the fuzzer found is pasted into an `@example(...)` as printed.
 `Case.prepare(env, root)` applies it to fresh copies in `root`, a folder of its own (the shared
 models in `FuzzEnv` are never mutated), and returns the parameter groups to call the flow with.
