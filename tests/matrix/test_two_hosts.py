@@ -82,6 +82,7 @@ def test_compress_on_one_host_evaluate_on_another_through_the_store(
     tmp_path,
 ):
     from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     bucket = "cf-two-hosts-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:8]
     s3 = s3_server.client()
@@ -91,7 +92,11 @@ def test_compress_on_one_host_evaluate_on_another_through_the_store(
     host_a, host_b = tmp_path / "host-a", tmp_path / "host-b"
 
     # The stack's environment holds the moto server's AWS_* (the fixture set them first).
-    with running_stack(tmp_path / "stack") as stack, get_client(sync_client=True) as client:
+    with (
+        running_stack(tmp_path / "stack") as stack,
+        temporary_settings({PREFECT_API_URL: stack.api_url}),
+        get_client(sync_client=True) as client,
+    ):
         stop_readme_gpu_worker(stack)
         worker_a = start_worker(stack, "host-a", host_a, COMPRESS_QUEUE)
         compress = client.read_deployment_by_name("compress-model/compress")
@@ -117,12 +122,15 @@ def test_compress_on_one_host_evaluate_on_another_through_the_store(
         listed = s3.list_objects_v2(Bucket=bucket, Prefix="models/tiny-llama-w4a16/")
         assert "models/tiny-llama-w4a16/manifest.json" in {o["Key"] for o in listed["Contents"]}
 
-        # Host A goes away with everything it wrote; only then does host B start.
+        # The event started the evaluation: it waits in the queue no worker polls yet. Only
+        # then may host A go (its flow-run process sends the event as it exits), with everything
+        # it wrote; then host B starts.
+        waiting = triggered_run(client, stack, evaluate.id, timeout=180)
         os.killpg(worker_a.pid, signal.SIGINT)
         worker_a.wait(timeout=30)
         shutil.rmtree(host_a)
         start_worker(stack, "host-b", host_b, "default")
-        evaluation = wait_for_triggered(client, stack, evaluate.id, timeout=420)
+        evaluation = wait_final(client, stack, waiting.id, timeout=420)
         assert evaluation.state.is_completed(), f"evaluate ended {evaluation.state}\n" + stack.tail(
             "worker-host-b"
         )
@@ -136,8 +144,8 @@ def test_compress_on_one_host_evaluate_on_another_through_the_store(
         assert len([name for name in downloads if not name.startswith(".")]) == 2  # base, output
 
 
-def wait_for_triggered(client, stack: Stack, deployment_id, timeout: float):
-    """The evaluate run the published event started, once final."""
+def triggered_run(client, stack: Stack, deployment_id, timeout: float):
+    """The evaluate run the published event started, as soon as it exists."""
     import time
 
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
@@ -148,6 +156,6 @@ def wait_for_triggered(client, stack: Stack, deployment_id, timeout: float):
             deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))
         )
         if runs:
-            return wait_final(client, stack, runs[0].id, max(deadline - time.monotonic(), 1))
+            return runs[0]
         time.sleep(1)
     pytest.fail("the published event did not start evaluate-model\n" + stack.tail("server"))

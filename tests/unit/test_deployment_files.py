@@ -51,6 +51,8 @@ def test_the_evaluate_trigger_reads_the_upload_uri_where_the_model_was_uploaded(
     """evaluate-model's trigger fills `compressed` with the published event's `upload_uri` when
     compress-model uploaded the model (another host then reads it from the store), else with its
     `path`; rendered as Prefect's server renders an automation's parameters."""
+    import json
+
     import yaml
     from prefect.events.schemas.events import Event
     from prefect.server.utilities.user_templates import (
@@ -61,8 +63,14 @@ def test_the_evaluate_trigger_reads_the_upload_uri_where_the_model_was_uploaded(
     config = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     (evaluate,) = [d for d in config["deployments"] if d["name"] == "evaluate"]
     (trigger,) = evaluate["triggers"]
-    template = trigger["parameters"]["compressed"]["model_id"]
-    validate_user_template(template)
+    template = trigger["parameters"]["compressed"]["model_id"].strip()
+    # The server (RunDeployment in prefect.server.events.actions) renders a parameter that is
+    # one {{ expression }} as "{{ expression | tojson }}" and parses the result as JSON; the
+    # filter binds tighter than `or`, so an unbracketed `a or b` sent a bare URI, refused as
+    # InvalidJSON, and no evaluation started.
+    assert template.startswith("{{") and template.endswith("}}") and template.count("{{") == 1
+    server_side = "{{ " + template[2:-2].strip() + " | tojson }}"
+    validate_user_template(server_side)
 
     def rendered(payload: dict) -> str:
         event = Event(
@@ -70,7 +78,7 @@ def test_the_evaluate_trigger_reads_the_upload_uri_where_the_model_was_uploaded(
             resource={"prefect.resource.id": "compressflow.model." + "k" * 64},
             payload=payload,
         )
-        return render_user_template_sync(template, {"event": event})
+        return json.loads(render_user_template_sync(server_side, {"event": event}))
 
     assert rendered({"path": "/models/m", "upload_uri": "s3://models/m"}) == "s3://models/m"
     assert rendered({"path": "/models/m", "upload_uri": ""}) == "/models/m"
