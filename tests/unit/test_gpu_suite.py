@@ -26,7 +26,7 @@ def test_the_list_pins_every_carried_package_from_this_environment():
     assert "torch" in lists["provided"]  # the image's CUDA build, never a carried one
     pins = gpu_suite.pins()
     assert len(pins) == len(lists["carry"])
-    assert "prefect==3.8.8" in pins and "llmcompressor==0.14.0.1" in pins
+    assert "prefect==3.9.1" in pins and "llmcompressor==0.14.0.1" in pins
 
 
 def test_the_closure_check_names_what_nothing_supplies(tmp_path, monkeypatch):
