@@ -25,7 +25,17 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TOP_FOLDERS = ("compressflow", "tasks", "flows", "blocks", "tests", "tools", "benchmarks", "demo", "deploy")
+TOP_FOLDERS = (
+    "compressflow",
+    "tasks",
+    "flows",
+    "blocks",
+    "tests",
+    "tools",
+    "benchmarks",
+    "demo",
+    "deploy",
+)
 PATH = re.compile(
     rf"(?<![\w./-])(?:{'|'.join(TOP_FOLDERS)}|docs|\.ci)/[A-Za-z0-9_./-]*[A-Za-z0-9_]"
 )
