@@ -157,3 +157,11 @@ class Lease:
                 return
             except Exception as exc:  # a transient store error: the next beat tries again
                 run_logger(__name__).warning("Could not renew the upload lease: %s", exc)
+
+
+def leased(store: ObjectStore) -> set[str]:
+    """Every name the lease in the prefix (live, released or stale) says its run may leave
+    there: a cut upload's objects are compressflow's, not foreign."""
+    current = store.read(LEASE, MAX_JSON_BYTES)
+    owned = _parse(current.data).get("owned") if current else None
+    return {name for name in owned if isinstance(name, str)} if isinstance(owned, list) else set()

@@ -39,7 +39,7 @@ from compressflow.settings import settings
 from compressflow.store.identity import file_sha256
 from compressflow.store.manifest import MANIFEST
 from compressflow.store.object_clients import RESERVED, FileStore, ObjectStore, StoredObject
-from compressflow.store.object_lease import LEASE_SECONDS, Lease, describe
+from compressflow.store.object_lease import LEASE_SECONDS, Lease, describe, leased
 from compressflow.store.object_uri import parse_upload_uri
 
 URI_FIELD = "output.upload_uri"
@@ -264,15 +264,7 @@ def _upload(
 ) -> Commit:
     remote, uri = seen.manifest, store.location.uri
     owned = lease.inherited() | set(remote.files if remote else [])
-    foreign = [n for n in sorted(seen.listing) if n not in owned and not _ours(n)]
-    if foreign:
-        raise InputError(
-            URI_FIELD,
-            f"{uri} holds {len(foreign)} objects compressflow did not publish there "
-            f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''})",
-            "choose another upload_uri, or remove those objects yourself; overwrite replaces "
-            "only an earlier compressflow output, never other objects",
-        )
+    refuse_foreign(store, seen, owned)
     # An output other than this one, published whole: replaced only when asked. A partial
     # upload (no manifest: a cut run's) is compressflow's leftovers, replaced without asking.
     if remote and not remote.same_output(local) and not overwrite:
@@ -410,8 +402,26 @@ def download_folder(
     return seen.manifest.body if seen.manifest else None
 
 
+def refuse_foreign(store: ObjectStore, seen: Look, owned: set[str]) -> None:
+    """Refuse a prefix holding objects that neither its manifest nor an upload's lease names
+    (`owned`): compressflow never writes over, or beside, what it did not publish."""
+    foreign = [n for n in sorted(seen.listing) if n not in owned and not _ours(n)]
+    if foreign:
+        raise InputError(
+            URI_FIELD,
+            f"{store.location.uri} holds {len(foreign)} objects compressflow did not publish "
+            f"there ({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''})",
+            "choose another upload_uri, or remove those objects yourself; overwrite replaces "
+            "only an earlier compressflow output, never other objects",
+        )
+
+
 def probe(uri: str, credentials_block: str = "", field: str = URI_FIELD) -> None:
     """`validate`'s pre-flight: refuse, with an InputError naming the field and the fix, a URI
     that does not parse, a bucket that does not exist, credentials that are wrong or expired,
-    and a prefix this worker may not write (a small probe object is written, then deleted)."""
-    open_store(uri, credentials_block, field).probe(field)
+    a prefix this worker may not write (a small probe object is written, then deleted), and one
+    holding objects compressflow did not publish there: before calibrating, not after."""
+    store = open_store(uri, credentials_block, field)
+    store.probe(field)
+    seen = look(store)
+    refuse_foreign(store, seen, set(seen.manifest.files if seen.manifest else []) | leased(store))

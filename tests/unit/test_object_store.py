@@ -262,6 +262,20 @@ def test_a_prefix_holding_other_objects_is_refused(tmp_path, bucket, s3_server):
         commit_folder(published_folder(tmp_path / "out"), f"s3://{bucket}/theirs", overwrite=True)
 
 
+def test_a_prefix_holding_other_objects_is_refused_by_the_probe_before_calibrating(
+    tmp_path,
+    bucket,
+    s3_server,  # noqa: F811
+):
+    uri = f"s3://{bucket}/early"
+    probe(uri)  # empty: writable, nothing foreign
+    commit_folder(published_folder(tmp_path / "out"), uri)
+    probe(uri)  # our own output: not foreign
+    s3_server.client().put_object(Bucket=bucket, Key="early/notes.txt", Body=b"mine")
+    with pytest.raises(InputError, match=r"1 objects compressflow did not publish there \(notes"):
+        probe(uri)
+
+
 def test_overwrite_replaces_only_what_the_manifest_lists(tmp_path, bucket):
     uri = f"s3://{bucket}/replace"
     old = published_folder(tmp_path / "old", run_key="a" * 64)
