@@ -20,10 +20,11 @@ import hashlib
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 
-from compressflow.errors import InputError, PublishError
+from compressflow.errors import CompressflowError, InputError, PublishError
 from compressflow.store.identity import CHUNK_BYTES
 from compressflow.store.object_clients import (
     RESERVED,
@@ -263,8 +264,6 @@ class S3Store(ObjectStore):
                 )
 
     def probe(self, field: str) -> None:
-        from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
-
         where, step = self.location.uri, "list"
         creds_field = self.credentials_field or field
         creds = (
@@ -278,64 +277,99 @@ class S3Store(ObjectStore):
             step, name = "write", f"{RESERVED}probe-{uuid.uuid4().hex[:8]}"
             self.write(name, b"probe", if_absent=True)
             self.delete(name)
-        except NoCredentialsError:
-            raise InputError(
-                creds_field, f"no credentials were found to reach {where}", f"set {creds}"
-            ) from None
-        except EndpointConnectionError as exc:
-            raise InputError(
-                field,
-                f"the S3 endpoint {exc.kwargs.get('endpoint_url', '')} cannot be reached",
-                "check AWS_ENDPOINT_URL (or the block's aws_client_parameters.endpoint_url) "
-                "and that the store is up",
-            ) from None
-        except ClientError as exc:
-            code = error_code(exc)
-            code = "NoSuchBucket" if (code, step) == ("404", "list") else code
-            words = {"bucket": self.bucket, "where": where, "code": code, "step": step}
-            for codes, whose, problem, fix in REFUSALS:
-                if code in codes:
-                    raise InputError(
-                        creds_field if whose == "credentials" else field,
-                        problem.format(**words),
-                        fix.format(creds=creds, **words),
-                    ) from None
-            raise InputError(
-                field,
-                f"the store answered {code or 'an error'} on trying to {step} {where}",
-                "check the URI, the endpoint and the credentials",
+        except CompressflowError:
+            raise
+        except Exception as exc:  # botocore's, told apart in `refusal`
+            raise refusal(
+                exc,
+                Place(field, creds_field, creds, where, self.bucket, step),
+                InputError,
+                "create the bucket (aws s3 mb s3://{bucket}), or correct the URI",
+                "s3:ListBucket, s3:PutObject, s3:GetObject and s3:DeleteObject",
             ) from None
 
 
-# What a probe's refusals say, by S3's error code: (codes, whose field, problem, fix).
+@dataclass(frozen=True)
+class Place:
+    """Where an S3 call failed, for its refusal: the fields to blame, how the credentials were
+    given (`creds`), the prefix (`where`), its bucket, and what was being done (`step`)."""
+
+    field: str
+    creds_field: str
+    creds: str
+    where: str
+    bucket: str
+    step: str
+
+
+# What a refusal says, by S3's error code: (codes, whose field, problem). A missing bucket's and
+# a denied access's fixes depend on what the caller was doing: it gives them.
 REFUSALS = (
-    (
-        {"NoSuchBucket"},
-        "uri",
-        "the bucket {bucket!r} of {where} does not exist",
-        "create the bucket (aws s3 mb s3://{bucket}), or correct the URI",
-    ),
+    ({"NoSuchBucket"}, "bucket", "the bucket {bucket!r} of {where} does not exist"),
     (
         {"InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken"},
         "credentials",
         "the store refused the credentials for {where} ({code}): the key is unknown or the "
         "secret wrong",
-        "check {creds}",
     ),
     (
         {"ExpiredToken", "TokenRefreshRequired", "RequestExpired"},
-        "credentials",
+        "expired",
         "the credentials for {where} have expired ({code})",
-        "renew the session token in {creds}",
     ),
     (
         {"AccessDenied", "AllAccessDisabled", "403"},
-        "uri",
+        "access",
         "these credentials may not {step} {where} ({code})",
-        "grant s3:ListBucket, s3:PutObject, s3:GetObject and s3:DeleteObject on that prefix, "
-        "or choose a prefix they may {step}",
     ),
 )
+
+
+def refusal(
+    exc: Exception, place: Place, error: type, bucket_fix: str, permissions: str
+) -> CompressflowError:
+    """One failed S3 call in the user's words (no credentials, an unreachable endpoint, a
+    missing bucket, refused or expired credentials, denied access), as `error` naming the field
+    to blame and the fix; anything else names the store's own code. Never echoes a secret."""
+    from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+
+    if isinstance(exc, NoCredentialsError):
+        return error(
+            place.creds_field,
+            f"no credentials were found to {place.step} {place.where}",
+            f"set {place.creds}",
+        )
+    if isinstance(exc, EndpointConnectionError):
+        return error(
+            place.field,
+            f"the S3 endpoint {exc.kwargs.get('endpoint_url', '')} cannot be reached",
+            "check AWS_ENDPOINT_URL (or the block's aws_client_parameters.endpoint_url) "
+            "and that the store is up",
+        )
+    if not isinstance(exc, ClientError):
+        return error(
+            place.field,
+            f"{place.where} cannot be reached ({type(exc).__name__}: {exc})",
+            "check the URI and the store",
+        )
+    code = error_code(exc)
+    code = "NoSuchBucket" if (code, place.step) in (("404", "list"), ("404", "read")) else code
+    words = {"bucket": place.bucket, "where": place.where, "code": code, "step": place.step}
+    fixes = {
+        "bucket": bucket_fix.format(**words),
+        "credentials": f"check {place.creds}",
+        "expired": f"renew the session token in {place.creds}",
+        "access": f"grant {permissions} on that prefix, or use credentials that have them",
+    }
+    for codes, kind, problem in REFUSALS:
+        if code in codes:
+            whose = place.creds_field if kind in ("credentials", "expired") else place.field
+            return error(whose, problem.format(**words), fixes[kind])
+    return error(
+        place.field,
+        f"the store answered {code or 'an error'} on trying to {place.step} {place.where}",
+        "check the URI, the endpoint and the credentials",
+    )
 
 
 def error_code(exc) -> str:

@@ -97,65 +97,22 @@ def look_source(store: ObjectStore, field: str = FIELD) -> Look:
 
 def _refusal(store: ObjectStore, field: str, exc: Exception) -> CompressflowError:
     """What reading the prefix failed on, in the store's words: bucket, credentials, access."""
-    from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+    from compressflow.store.object_s3 import Place, refusal
 
-    from compressflow.store.object_s3 import error_code
-
-    uri, creds_field = store.location.uri, _block_field(field)
+    creds_field = _block_field(field)
     creds = (
         f"the AwsCredentials block named in {creds_field}"
         if getattr(store, "credentials_field", "")
         else "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY in the worker's environment, or name "
         f"an AwsCredentials block in {creds_field}"
     )
-    if isinstance(exc, NoCredentialsError):
-        return ModelFetchError(
-            creds_field, f"no credentials were found to read {uri}", f"set {creds}"
-        )
-    if isinstance(exc, EndpointConnectionError):
-        return ModelFetchError(
-            field,
-            f"the S3 endpoint {exc.kwargs.get('endpoint_url', '')} cannot be reached",
-            "check AWS_ENDPOINT_URL (or the block's aws_client_parameters.endpoint_url) and that "
-            "the store is up",
-        )
-    if not isinstance(exc, ClientError):
-        return ModelFetchError(
-            field,
-            f"{uri} cannot be read ({type(exc).__name__}: {exc})",
-            "check the URI and the store",
-        )
-    code = error_code(exc)
-    if code in ("NoSuchBucket", "404"):
-        bucket = store.location.bucket
-        return ModelFetchError(
-            field,
-            f"the bucket {bucket!r} of {uri} does not exist",
-            f"correct the bucket's name in {field} (or the endpoint, AWS_ENDPOINT_URL)",
-        )
-    if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken"):
-        return ModelFetchError(
-            creds_field,
-            f"the store refused the credentials for {uri} ({code}): the key is unknown or the "
-            "secret wrong",
-            f"check {creds}",
-        )
-    if code in ("ExpiredToken", "TokenRefreshRequired", "RequestExpired"):
-        return ModelFetchError(
-            creds_field,
-            f"the credentials for {uri} have expired ({code})",
-            f"renew them in {creds}",
-        )
-    if code in ("AccessDenied", "AllAccessDisabled", "403"):
-        return ModelFetchError(
-            field,
-            f"these credentials may not read {uri} ({code})",
-            "grant s3:ListBucket and s3:GetObject on that prefix, or use credentials that have them",
-        )
-    return ModelFetchError(
-        field,
-        f"the store answered {code or 'an error'} on listing {uri}",
-        "check the URI, the endpoint and the credentials",
+    location = store.location
+    return refusal(
+        exc,
+        Place(field, creds_field, creds, location.uri, location.bucket, "read"),
+        ModelFetchError,
+        f"correct the bucket's name in {field} (or the endpoint, AWS_ENDPOINT_URL)",
+        "s3:ListBucket and s3:GetObject",
     )
 
 
