@@ -218,6 +218,50 @@ def test_a_cut_upload_is_completed_sending_only_what_is_missing(tmp_path, bucket
     assert read_published(uri) is not None
 
 
+def test_an_uploader_killed_midway_is_completed_by_a_rerun_once_its_lease_is_stale(
+    tmp_path,
+    bucket,
+    s3_server,  # noqa: F811
+):
+    """A real kill (SIGKILL: no `finally`, the lease left live) in the middle of a multipart
+    upload; the rerun waits for the lease to go stale, takes it over with what it owned, and
+    sends only what is missing."""
+    import signal
+    import subprocess
+    import sys
+
+    folder = published_folder(tmp_path / "out", weights=96 << 20)  # 12 parts of 8 MiB
+    uri = f"s3://{bucket}/killed"
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; "
+            "from compressflow.store.objects import commit_folder; "
+            "commit_folder(Path(sys.argv[1]), sys.argv[2], lease_seconds=3)",
+            str(folder),
+            uri,
+        ]
+    )
+    client, deadline = s3_server.client(), time.monotonic() + 120
+    try:  # config.json lands before model.safetensors (sorted): then the weights are on their way
+        while time.monotonic() < deadline and child.poll() is None:
+            keys = client.list_objects_v2(Bucket=bucket, Prefix="killed/").get("Contents", [])
+            if any(item["Key"] == "killed/config.json" for item in keys):
+                break
+            time.sleep(0.05)
+        assert child.poll() is None, "the upload ended before it could be killed"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert read_published(uri) is None  # a lease, some objects, no manifest: no output
+
+    done = commit_folder(folder, uri, wait_seconds=60)
+    assert not done.reused and "config.json" in done.kept and "model.safetensors" in done.sent
+    manifest = read_published(uri)
+    assert manifest is not None and manifest["result"]["run_key"] == "k" * 64
+
+
 def test_a_corrupted_object_is_not_reused_and_is_sent_again(tmp_path, bucket, s3_server):  # noqa: F811
     folder = published_folder(tmp_path / "out")
     uri = f"s3://{bucket}/corrupt"
