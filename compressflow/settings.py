@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import tempfile
 from pathlib import Path
 
 from pydantic import Field, ValidationError, field_validator
@@ -224,7 +225,29 @@ def check_settings() -> Settings:
             f"set {variable('cache_dir')} to a folder this worker's user may write, or unset it "
             "for ~/.cache/compressflow",
         )
+    check_temp_dir()
     return found
+
+
+# The stages' children start from multiprocessing's forkserver, whose socket is
+# <tmp>/pymp-XXXXXXXX/listener-XXXXXXXX (32 bytes after the temporary folder), and a Unix socket's
+# path holds at most 108 bytes: a longer TMPDIR failed the run at its start with a bare
+# "OSError: AF_UNIX path too long".
+UNIX_SOCKET_PATH_BYTES, FORKSERVER_SOCKET_BYTES = 108, 32
+
+
+def check_temp_dir() -> None:
+    """Refuse a temporary folder too long for the forkserver's socket, naming TMPDIR."""
+    temp = tempfile.gettempdir()
+    longest = UNIX_SOCKET_PATH_BYTES - FORKSERVER_SOCKET_BYTES
+    if len(os.fsencode(temp)) > longest:
+        raise SettingsError(
+            "TMPDIR",
+            f"the temporary folder {temp} is {len(os.fsencode(temp))} bytes long: the socket the "
+            "stages' child processes start from lies in it, and a Unix socket's path may hold "
+            f"{UNIX_SOCKET_PATH_BYTES} bytes",
+            f"set TMPDIR to a folder of at most {longest} bytes (e.g. /tmp), or unset it",
+        )
 
 
 def cache_root() -> Path:

@@ -22,6 +22,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 from contextlib import suppress
 from pathlib import Path
 
@@ -34,15 +35,18 @@ COMPRESS_QUEUE = "host-a"
 
 def start_worker(stack: Stack, name: str, folder: Path, *queue: str) -> subprocess.Popen:
     """A worker of the `gpu` pool whose every folder lies in `folder`."""
-    for sub in ("home", "cache", "outputs", "hf", "tmp"):
+    for sub in ("home", "cache", "outputs", "hf"):
         (folder / sub).mkdir(parents=True, exist_ok=True)
+    # Its own temporary folder, short: the forkserver's socket lives there, and a Unix socket's
+    # path holds 108 bytes (compressflow.settings.check_temp_dir).
+    temp = Path(tempfile.mkdtemp(prefix=f"cf-{folder.name}-"))
     env = {
         **stack.env,
         "PREFECT_HOME": str(folder / "home"),
         "COMPRESSFLOW_CACHE_DIR": str(folder / "cache"),
         "COMPRESSFLOW_OUTPUT_DIR": str(folder / "outputs"),
         "HF_HOME": str(folder / "hf"),
-        "TMPDIR": str(folder / "tmp"),
+        "TMPDIR": str(temp),
     }
     env.pop("COMPRESSFLOW_COMPILE_CACHE_DIR", None)  # under the cache folder then
     command = [str(ROOT / ".venv" / "bin" / "prefect"), "worker", "start", "--pool", "gpu"]

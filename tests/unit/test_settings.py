@@ -118,6 +118,24 @@ def test_a_cache_folder_no_run_could_write_is_refused(monkeypatch, tmp_path, kin
     assert not place.is_dir()
 
 
+def test_a_temporary_folder_too_long_for_the_forkserver_socket_is_refused(monkeypatch, tmp_path):
+    import multiprocessing.connection
+    import tempfile
+
+    from compressflow.settings import FORKSERVER_SOCKET_BYTES
+
+    # The socket's name is the folder's plus FORKSERVER_SOCKET_BYTES, as multiprocessing makes it.
+    probe = multiprocessing.connection.arbitrary_address("AF_UNIX")
+    assert len(probe) == len(tempfile.gettempdir()) + FORKSERVER_SOCKET_BYTES
+    deep = tmp_path / ("d" * (100 - len(str(tmp_path))))
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    with pytest.raises(SettingsError) as raised:
+        check_settings()
+    assert raised.value.field == "TMPDIR" and "TMPDIR" in raised.value.fix
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    check_settings()
+
+
 def test_every_setting_is_documented():
     """docs/deployments.md lists every setting, so the refusal's pointer leads somewhere."""
     text = (Path(__file__).resolve().parents[2] / "docs" / "deployments.md").read_text()
