@@ -159,6 +159,9 @@ def main() -> int:
     if args.child:
         child(args.child[0], Path(args.child[1]), args.child[2])
         return 0
+    # It writes a 2 GB folder and moto's log there: never into a folder holding anything else.
+    if args.workdir and args.workdir.exists() and any(args.workdir.iterdir()):
+        parser.error(f"--workdir {args.workdir} is not empty: name a new or empty folder")
     work = args.workdir or Path(tempfile.mkdtemp(prefix="object-upload-"))
     folder, port = work / "published", free_port()
     make_folder(folder, args.size_gb)
