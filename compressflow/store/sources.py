@@ -183,6 +183,10 @@ def fetch_store(
         if dest.is_dir():
             log.info("%s: reusing its download in %s", store.location.uri, dest)
             return Downloaded(dest, store.location.uri, seen.manifest is not None, True)
+        # A download killed before its rename leaves its partial copy beside `dest` (in this
+        # worker's cache, named by us): under the lock no other one is writing it.
+        for partial in dest.parent.glob(f".{dest.name}.download-*"):
+            shutil.rmtree(partial, ignore_errors=True)
         names = _names(seen, weights)
         _check_room(dest.parent, sum(seen.listing[n].size for n in names if n in seen.listing))
         started = time.monotonic()

@@ -98,6 +98,20 @@ def test_a_published_s3_prefix_downloads_verified_once_then_from_the_cache(
     assert again.reused and again.path == first.path and got == []
 
 
+def test_a_killed_downloads_partial_copy_is_removed_by_the_next_fetch(tmp_path, cache):
+    folder = sealed(tmp_path / "out", FILES)
+    uri = f"file://{tmp_path}/store/tiny"
+    commit_folder(folder, uri)
+    first = fetch_store(uri)
+    shutil.rmtree(first.path)  # as if the download had never finished: only its partial copy
+    partial = first.path.parent / f".{first.path.name}.download-4242-deadbeef"
+    (partial / "sub").mkdir(parents=True)
+    (partial / "model.safetensors").write_bytes(b"half")
+    again = fetch_store(uri)
+    assert not again.reused and not partial.exists()
+    assert (again.path / "config.json").read_bytes() == FILES["config.json"]
+
+
 def test_a_prefix_written_since_downloads_again(bucket, tmp_path, s3_server):  # noqa: F811
     uri = f"s3://{bucket}/plain"
     client = s3_server.client()
