@@ -76,7 +76,7 @@ def _is_current(fd: int, path: Path) -> bool:
         return False
 
 
-def _acquire(target: Path, timeout: float, logger) -> int:
+def _acquire(target: Path, timeout: float, logger, field: str) -> int:
     path = lock_path(target)
     path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -96,11 +96,11 @@ def _acquire(target: Path, timeout: float, logger) -> int:
         holder = read_holder(target)
         if waited >= timeout:
             raise PublishError(
-                "output.save_directory",
+                field,
                 f"{target} is still being written by {describe(holder)} after waiting "
                 f"{waited:.0f} s",
-                "let that run finish or cancel it, choose another save_directory, or raise "
-                "COMPRESSFLOW_LOCK_TIMEOUT_SECONDS",
+                f"let that run finish or cancel it, choose another {field.split('.')[-1]}, or "
+                "raise COMPRESSFLOW_LOCK_TIMEOUT_SECONDS",
             )
         if holder != last_holder or waited - reminded >= REMIND_SECONDS:
             logger.info(
@@ -115,10 +115,13 @@ def _acquire(target: Path, timeout: float, logger) -> int:
 
 
 @contextmanager
-def output_lock(target: Path, logger=None, timeout: float | None = None) -> Iterator[None]:
-    """Hold the exclusive lock of `target`, waiting (bounded) while another run holds it."""
+def output_lock(
+    target: Path, logger=None, timeout: float | None = None, field: str = "output.save_directory"
+) -> Iterator[None]:
+    """Hold the exclusive lock of `target`, waiting (bounded) while another run holds it; a wait
+    past the bound is refused naming `field` (what chose `target`)."""
     logger = logger or run_logger(__name__)
-    fd = _acquire(target, lock_timeout() if timeout is None else timeout, logger)
+    fd = _acquire(target, lock_timeout() if timeout is None else timeout, logger, field)
     path = lock_path(target)
     try:
         os.ftruncate(fd, 0)

@@ -20,12 +20,9 @@ downloaded once into the worker's cache, then a local source like any folder.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
@@ -33,8 +30,9 @@ from pathlib import Path
 from compressflow.errors import CompressflowError, ModelFetchError, SettingsError
 from compressflow.logs import run_logger
 from compressflow.model.args import is_store_uri
-from compressflow.settings import cache_root, settings, variable
+from compressflow.settings import cache_root, variable
 from compressflow.store.identity import store_listing_key
+from compressflow.store.locks import output_lock
 from compressflow.store.manifest import MANIFEST
 from compressflow.store.object_clients import RESERVED, FileStore, ObjectStore
 from compressflow.store.object_uri import parse_upload_uri
@@ -179,7 +177,8 @@ def fetch_store(
     key = store_listing_key(store.location.uri, _sizes(seen.listing))
     dest = cache_root() / FOLDER / (key[:32] if weights else f"{key[:32]}-config")
     log = run_logger(__name__)
-    with _download_lock(dest):
+    # One download per cache entry across this host's processes; a waiter finds the folder.
+    with output_lock(dest, log, field=field):
         if dest.is_dir():
             log.info("%s: reusing its download in %s", store.location.uri, dest)
             return Downloaded(dest, store.location.uri, seen.manifest is not None, True)
@@ -249,29 +248,3 @@ def _download_configs(store: ObjectStore, seen: Look, names: list[str], dest: Pa
         staging.rename(dest)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-@contextmanager
-def _download_lock(dest: Path) -> Iterator[None]:
-    """One download per cache entry across this host's processes (flock: the kernel drops it
-    when its holder dies); a waiter then finds the folder the first one made."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(dest.parent / f".{dest.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    deadline = time.monotonic() + settings().lock_timeout_seconds
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise ModelFetchError(
-                        FIELD,
-                        f"another run has been downloading into {dest} for longer than "
-                        f"{variable('lock_timeout_seconds')}",
-                        "let it finish, or raise the timeout",
-                    ) from None
-                time.sleep(POLL_SECONDS)
-        yield
-    finally:
-        os.close(fd)
