@@ -76,7 +76,7 @@ def _is_current(fd: int, path: Path) -> bool:
         return False
 
 
-def _acquire(target: Path, timeout: float, logger, field: str) -> int:
+def _acquire(target: Path, timeout: float, logger, field: str, error: type) -> int:
     path = lock_path(target)
     path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -95,7 +95,7 @@ def _acquire(target: Path, timeout: float, logger, field: str) -> int:
         waited = time.monotonic() - started
         holder = read_holder(target)
         if waited >= timeout:
-            raise PublishError(
+            raise error(
                 field,
                 f"{target} is still being written by {describe(holder)} after waiting "
                 f"{waited:.0f} s",
@@ -116,12 +116,16 @@ def _acquire(target: Path, timeout: float, logger, field: str) -> int:
 
 @contextmanager
 def output_lock(
-    target: Path, logger=None, timeout: float | None = None, field: str = "output.save_directory"
+    target: Path,
+    logger=None,
+    timeout: float | None = None,
+    field: str = "output.save_directory",
+    error: type = PublishError,
 ) -> Iterator[None]:
     """Hold the exclusive lock of `target`, waiting (bounded) while another run holds it; a wait
-    past the bound is refused naming `field` (what chose `target`)."""
+    past the bound is refused as `error` naming `field` (what chose `target`)."""
     logger = logger or run_logger(__name__)
-    fd = _acquire(target, lock_timeout() if timeout is None else timeout, logger, field)
+    fd = _acquire(target, lock_timeout() if timeout is None else timeout, logger, field, error)
     path = lock_path(target)
     try:
         os.ftruncate(fd, 0)

@@ -178,7 +178,7 @@ def fetch_store(
     dest = cache_root() / FOLDER / (key[:32] if weights else f"{key[:32]}-config")
     log = run_logger(__name__)
     # One download per cache entry across this host's processes; a waiter finds the folder.
-    with output_lock(dest, log, field=field):
+    with output_lock(dest, log, field=field, error=ModelFetchError):
         if dest.is_dir():
             log.info("%s: reusing its download in %s", store.location.uri, dest)
             return Downloaded(dest, store.location.uri, seen.manifest is not None, True)
