@@ -49,6 +49,21 @@ def smoothquant_mappings() -> dict:
     return MAPPINGS_REGISTRY
 
 
+def smoothquant_mappings_named(architecture: str) -> list:
+    """The mappings SmoothQuant picks for a model class named `architecture` (its registry's,
+    else its default), without the model: what a recipe without mappings smooths.
+
+    Missing upstream: `DEFAULT_SMOOTHQUANT_MAPPINGS` and the registry sit in the modifier's
+    `utils` module, not exported.
+    """
+    from llmcompressor.modifiers.transform.smoothquant.utils import (
+        DEFAULT_SMOOTHQUANT_MAPPINGS,
+        MAPPINGS_REGISTRY,
+    )
+
+    return MAPPINGS_REGISTRY.get(architecture, DEFAULT_SMOOTHQUANT_MAPPINGS)
+
+
 def default_smoothquant_mappings(model) -> list:
     """The mappings SmoothQuant picks for `model` when a recipe gives none.
 

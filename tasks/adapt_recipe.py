@@ -22,7 +22,9 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from compressflow.logs import run_logger
+from compressflow.model.modules import header_modules, meta_modules
 from compressflow.model.tracing import meta_vision_modules
+from compressflow.recipes import order
 from compressflow.recipes.tree import add_ignore, dump_recipe, iter_modifiers, quantizes
 from compressflow.registries.architectures import ARCHITECTURES, Architecture
 from compressflow.reporting import tracking
@@ -100,6 +102,21 @@ def apply(
     return notes
 
 
+def check_stage_order(text: str, model: FetchedModel, config: dict[str, Any]) -> None:
+    """Refuse two modifiers in an order their kinds forbid on a layer both touch
+    (compressflow/recipes/order.py), on this model's modules: from the safetensors headers
+    where they tell enough, else from the meta model. Only for recipes whose class names alone
+    allow a conflict, so a preset pays nothing."""
+    if not order.may_conflict(yaml.safe_load(text)):
+        return
+    architecture = next(iter(config.get("architectures") or []), "")
+    modules = header_modules(Path(model.path))
+    if modules and in_child(order.check_model, text, modules, architecture, False):
+        return
+    modules, architecture = in_child(meta_modules, model)
+    in_child(order.check_model, text, modules, architecture, True)
+
+
 # Not cached: it takes milliseconds, and a cached result would outlive a change to the rules.
 @task(name="adapt recipe", cache_policy=NO_CACHE)
 def adapt_recipe(recipe: RenderedRecipe, model: FetchedModel) -> RenderedRecipe:
@@ -109,11 +126,13 @@ def adapt_recipe(recipe: RenderedRecipe, model: FetchedModel) -> RenderedRecipe:
     family = config.get("model_type")
     vision = vision_modules(model, config)
     if family not in ARCHITECTURES and not vision:
+        check_stage_order(recipe.yaml, model, config)
         return recipe.model_copy(update={"architecture": family})
     rule = ARCHITECTURES.get(family) or Architecture(why="no family rule")
     data = yaml.safe_load(recipe.yaml)
     notes = apply(data, family, rule, config, vision)
     text = dump_recipe(data)
+    check_stage_order(text, model, config)
     modifiers = [name for _, name, _ in iter_modifiers(data)]
     adapted = recipe.model_copy(
         update={

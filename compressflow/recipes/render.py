@@ -13,7 +13,7 @@ from compressflow.recipes.load import load_recipe
 from compressflow.recipes.migrate import migrate_legacy, to_recipe_dict
 from compressflow.recipes.placeholders import effective_args, substitute
 from compressflow.recipes.tree import dump_recipe, first_scheme, iter_modifiers, quantizes
-from compressflow.recipes.validate import validate
+from compressflow.recipes.validate import check_patterns, validate
 from compressflow.registries.presets import KV_CACHE_FP8, KV_CACHE_SCHEMES
 from compressflow.results import RenderedRecipe
 from compressflow.store.identity import recipe_sha256
@@ -28,7 +28,7 @@ def fill(args: RecipeArgs) -> tuple[dict[str, Any], str, str | None, dict[str, A
 
     No library is imported: the flow checks these in its own process before any child starts
     (flows/checks.py `precheck`). The YAML parses, the preset exists, every placeholder has a
-    value and every recipe_args is used.
+    value, every recipe_args is used and every `re:` pattern compiles.
     """
     data, source, preset_name = load_recipe(args.source())
     values = dict(args.recipe_args)
@@ -38,6 +38,7 @@ def fill(args: RecipeArgs) -> tuple[dict[str, Any], str, str | None, dict[str, A
             given = values.get("kv_cache_scheme")
             values["kv_cache_scheme"] = kv_cache_scheme(args, given, ARGS_FIELD)
     recipe = to_recipe_dict(substitute(data, values))
+    check_patterns(recipe, args.sequential_targets)
     if not preset_name and args.kv_cache != "off":
         add_kv_cache(recipe, args)
     return recipe, source, preset_name, values

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -9,12 +11,14 @@ from pydantic import ValidationError
 
 from compressflow import compat
 from compressflow.errors import RecipeError, closest
-from compressflow.recipes import ARGS_FIELD, RECIPE_FIELD
+from compressflow.recipes import ARGS_FIELD, RECIPE_FIELD, order
 from compressflow.recipes.tree import iter_modifiers
 
 if TYPE_CHECKING:
     from llmcompressor.modifiers import Modifier
 
+
+SEQUENTIAL_FIELD = "recipe.sequential_targets"
 
 # Fields llm-compressor 0.14 moved off a modifier: the fix, preferred over a similar-looking name
 # (difflib would offer `targets` for `sequential_targets`, which changes what is quantized).
@@ -156,6 +160,46 @@ def check_group_sizes(recipe: dict[str, Any]) -> None:
             )
 
 
+# What marks a regular expression in targets, ignore and mappings (compressed-tensors).
+PATTERN_PREFIX = "re:"
+
+
+def _patterns(value: Any, path: str) -> Iterator[tuple[str, str]]:
+    """(field path, pattern) for every `re:` string inside `value`, however deep."""
+    if isinstance(value, str):
+        if value.startswith(PATTERN_PREFIX):
+            yield path, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _patterns(item, f"{path}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _patterns(item, f"{path}[{i}]")
+
+
+def check_patterns(recipe: dict[str, Any], sequential_targets: Any = None) -> None:
+    """Refuse a `re:` pattern Python's `re` cannot compile (targets, ignore, mappings,
+    sequential_targets: compressed-tensors' match_name runs `re.match(pattern[3:], name)`), naming
+    the modifier, the field and re's words; the library raised it only once calibration began."""
+    found = [
+        (f"{name}.{path.lstrip('.')} in {where}", pattern, RECIPE_FIELD)
+        for where, name, kwargs in iter_modifiers(recipe)
+        for path, pattern in _patterns(kwargs, "")
+    ]
+    found += [(f"entry {p}", s, SEQUENTIAL_FIELD) for p, s in _patterns(sequential_targets, "")]
+    for place, pattern, field in found:
+        try:
+            re.compile(pattern.removeprefix(PATTERN_PREFIX))
+        except re.error as exc:
+            raise RecipeError(
+                field,
+                f"the pattern {pattern!r} ({place}) is not a regular expression Python can "
+                f"compile: {exc}",
+                "write a Python regular expression after `re:` (escape a literal `.`, `(`, `[` "
+                r"or `+` with `\`), e.g. 're:.*self_attn\.(q|k|v)_proj$'",
+            ) from exc
+
+
 def validate(recipe: dict[str, Any]) -> list[Modifier]:
     """The modifiers llm-compressor's parser builds; it may change `recipe`, so pass a copy."""
     # Imported here: llm-compressor takes seconds to import, and listing presets must not pay that.
@@ -172,6 +216,7 @@ def validate(recipe: dict[str, Any]) -> list[Modifier]:
             )
     check_ranges(recipe)
     check_group_sizes(recipe)
+    places = [where for where, _, _ in iter_modifiers(recipe)]  # from_dict may change `recipe`
     try:
         modifiers = Recipe.from_dict(recipe).modifiers
     except ValidationError as exc:
@@ -185,36 +230,10 @@ def validate(recipe: dict[str, Any]) -> list[Modifier]:
             "change the recipe as the message says",
         ) from exc
     check_bit_widths(modifiers)
-    check_order(modifiers)
+    # The layers are known only with the model (tasks/adapt_recipe.py checks them there); a
+    # forbidden order on targets written the same way needs none.
+    order.check_written(order.touches(places, modifiers))
     return modifiers
-
-
-# Modifiers that rewrite weights (smoothing, balancing, rotating) for the quantizer after them.
-BEFORE_QUANTIZING = (
-    "SmoothQuantModifier",
-    "LogarithmicEqualizationModifier",
-    "AWQModifier",
-    "QuIPModifier",
-    "SpinQuantModifier",
-)
-
-
-def check_order(modifiers: list[Modifier]) -> None:
-    """Refuse a smoothing or rotating modifier after a quantizing one: it would rescale weights
-    already quantized, and the checkpoint would be neither's. llm-compressor runs it as written;
-    the fuzzer's SmoothQuant after GPTQ calibrated, then failed verification blaming quality."""
-    quantizer = None
-    for modifier in modifiers:
-        name = type(modifier).__name__
-        if quantizer and name in BEFORE_QUANTIZING:
-            raise RecipeError(
-                RECIPE_FIELD,
-                f"{name} comes after {quantizer}: it would rescale or rotate weights {quantizer} "
-                "has already quantized, so the checkpoint would hold neither's result",
-                f"put {name} before {quantizer}, in the same stage or an earlier one",
-            )
-        if quantizer is None and compat.is_quantizing_modifier(modifier):
-            quantizer = name
 
 
 # Integer widths: compressed-tensors packs at most 8 bits, and 1 bit leaves two levels. llm-

@@ -941,6 +941,29 @@ OTHER_MODIFIERS = [
     {"GPTQModifier": None},
     {"GPTQModifier": "W4A16"},
 ]
+
+
+def _order_pairs() -> list[dict]:
+    """Two modifiers of kinds with an order (quantizing, then pruning or rotating), in both
+    orders, on the same layers and on disjoint ones (compressflow/recipes/kinds.py): refused
+    only in the forbidden order on common layers."""
+    attention, mlp = r"re:.*self_attn\.(q|k|v|o)_proj$", r"re:.*mlp\.(gate|up|down)_proj$"
+    quantize = {"QuantizationModifier": {"scheme": "W8A8"}}
+    others = [{"SparseGPTModifier": {"sparsity": 0.5}}, {"QuIPModifier": {"rotations": ["v"]}}]
+    pairs = []
+    for other in others:
+        for first, second in [
+            (attention, attention),
+            (attention, mlp),
+            (attention, "re:.*q_proj$"),
+        ]:
+            one = {n: {**k, "targets": first} for n, k in quantize.items()}
+            two = {n: {**k, "targets": second} for n, k in other.items()}
+            pairs += [{**one, **two}, {**two, **one}]
+    return pairs
+
+
+OTHER_MODIFIERS += _order_pairs()
 MODIFIER_FIELDS = [
     "targets",
     "scheme",
@@ -963,6 +986,8 @@ RECIPE_VALUES = [
     "W4A15",
     "Embedding",
     ["re:[unclosed"],
+    "re:(lm_head",  # patterns re cannot compile, as targets, ignore or mappings
+    [[["re:.*q_proj$"], "re:*norm$"]],
     ["lm_head", "model.norm"],
     {"group_0": {"targets": ["Linear"], "weights": {"num_bits": 4, "group_size": -1}}},
     {"group_0": {"targets": ["Linear"], "weights": {"num_bits": "four"}}},
