@@ -3,9 +3,10 @@
 Both run the same two steps, so they cannot drift: `resolve_inputs` (first `precheck`, whatever
 the files decide without torch, in this process; then render the recipe and refuse what this
 worker's hardware cannot run, or a quality target the recipe cannot search; fetch the model,
-refuse an output or offload folder that overlaps the source model's, build the dataset: the cheap
-stages, in the order that fails fastest) and `check_before_calibration` (the output folder, disk
-space, the memory plan, traceability on the meta device).
+refuse an output or offload folder that overlaps a file or folder the run reads (`sources_read`),
+build the dataset: the cheap stages, in the order that fails fastest) and
+`check_before_calibration` (the output folder, disk space, the memory plan, traceability on the
+meta device).
 The flow runs them as Prefect tasks through `compressflow.runtime.stages.Stages` (cached, recorded) and
 puts its output lock and reuse check between the two; validate calls the stages' functions
 directly, without weights, and times each check.
@@ -13,6 +14,7 @@ directly, without weights, and times each check.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,7 +33,9 @@ from compressflow.model.hardware import (
     refuse_unsupported,
 )
 from compressflow.model.loading import check_loads_completely
+from compressflow.params import DatasetArgs, HeldOutArgs
 from compressflow.recipes.render import fill
+from compressflow.registries.datasets import lookup
 from compressflow.registries.presets import PRESETS
 from compressflow.results import MemoryPlan
 from compressflow.runtime.gpus import refuse_fewer_samples, refuse_too_few
@@ -59,6 +63,39 @@ from compressflow.tasks.render_recipe import render_recipe
 Runner = Callable[..., Any]
 
 
+def sources_read(args: RunArgs, model: str | Path | None) -> list[tuple[str, Path]]:
+    """Every local file or folder the run reads, each (what it is and the parameter naming it,
+    its path): what the output, an offload folder and an upload must keep apart from. `model`:
+    the model's local folder, when it has one. A new input the run reads is a line here."""
+    held_out = args.target.held_out if args.target.wanted() else None
+    places = [
+        ("the source model's folder (model.model_id)", model),
+        ("the calibration data (dataset.dataset_name)", local_data(args.dataset)),
+        ("the recipe file (recipe.recipe)", _recipe_file(args.recipe.recipe)),
+        ("the held-out text (target.held_out.dataset_name)", local_data(held_out)),
+    ]
+    return [(what, Path(place)) for what, place in places if place]
+
+
+def local_data(source: DatasetArgs | HeldOutArgs | None) -> Path | None:
+    """The existing local file or folder a text source names (a loader's too); None for a
+    shortcut, a hub id or a path that is not there (refused, if the run reads it, by its own
+    check)."""
+    if source is None or lookup(source.dataset_name) is not None:
+        return None
+    path = Path(source.dataset_name).expanduser()
+    return path if os.path.lexists(path) else None
+
+
+def _recipe_file(recipe: str) -> Path | None:
+    """The existing .yaml/.yml file `recipe.recipe` names, as compressflow.recipes.load reads it."""
+    text = recipe.strip()
+    path = Path(text).expanduser()
+    if "\n" in text or path.suffix.lower() not in (".yaml", ".yml"):
+        return None
+    return path if os.path.lexists(path) else None
+
+
 def precheck(args: RunArgs) -> None:
     """Refuse what the files alone decide, in this process, before the forkserver is needed.
 
@@ -70,9 +107,9 @@ def precheck(args: RunArgs) -> None:
     model folder, whole (compressflow.model.folder_checks.registry.check_folder; a hub or
     ClearML model is checked once downloaded); a model in object storage, by one listing of its
     prefix (compressflow.store.sources.check_source: the store's refusals, before any
-    download); the output folder against the source and the
-    filesystem, when save_directory names it; a local data file a preset calibrates on (a custom
-    recipe's need for data is llm-compressor's to say, after render); last, `upload_uri`
+    download); the output folder against every file and folder the run reads (`sources_read`)
+    and the filesystem, when save_directory names it; a local data file a preset calibrates on
+    (a custom recipe's need for data is llm-compressor's to say, after render); last, `upload_uri`
     (`check_upload`: the one check here that asks the network).
     """
     model, output, calibration = args.model, args.output, args.calibration
@@ -81,9 +118,10 @@ def precheck(args: RunArgs) -> None:
     if is_store_uri(model.model_id):  # one listing: URI, bucket, credentials, an empty prefix
         check_source(model.model_id, model.storage_credentials)
     target = Path(output.save_directory).expanduser() if output.save_directory else None
-    if target is not None and local is not None:
+    sources = sources_read(args, local)
+    if target is not None:
         # Before the folder's checks: they read it, and a publish could replace it.
-        check_apart(target, local, calibration.offload_folder)
+        check_apart(target, sources, calibration.offload_folder)
     if local is not None:
         check_folder(local, model)
     if target is not None:
@@ -92,25 +130,23 @@ def precheck(args: RunArgs) -> None:
     needs_data = preset is not None and (
         PRESETS[preset].needs_data or bool(values.get("kv_cache_scheme"))
     )
-    data = None
     if needs_data and (dataset.text_samples or dataset.vision_samples):
         if (data := local_source(dataset)) is not None:
             check_local(data)
     if output.upload_uri:
-        check_upload(args, local, target, data)
+        check_upload(args, sources, target)
 
 
-def check_upload(args: RunArgs, local: Path | None, target: Path | None, data: Path | None):
-    """`output.upload_uri` apart from the output folder and every source the run reads (a
-    folder, a data file, a model's own URI), then writable: probed, a small object written and
+def check_upload(args: RunArgs, sources: list[tuple[str, Path]], target: Path | None):
+    """`output.upload_uri` apart from the output folder and every source the run reads
+    (`sources`, and a model's own URI), then writable: probed, a small object written and
     deleted, so a missing bucket, credentials the store refuses and a prefix they may not write
     are refused before any weights load (compressflow.store.objects.probe)."""
     model, output = args.model, args.output
     places = [
-        ("the source model's folder", local),
+        *sources,
         ("the source model", model.model_id if is_store_uri(model.model_id) else None),
         ("the output folder (output.save_directory)", target),
-        ("the calibration data (dataset.dataset_name)", data),
     ]
     check_upload_apart(output.upload_uri, [(what, place) for what, place in places if place])
     probe(output.upload_uri, output.upload_credentials)
@@ -157,12 +193,13 @@ def resolve_inputs(run: Runner, args: RunArgs, weights: bool = True) -> Inputs:
     refuse_fp4_on_float32(rendered, fetched)
     rendered = run(adapt_recipe, rendered, fetched)
     target = output_path(output, fetched, rendered)
-    # Whatever `overwrite` says, and before the dataset builds: the source is never written to.
-    check_apart(target, Path(fetched.path), calibration.offload_folder)
-    if output.upload_uri:  # the model as fetched (a hub snapshot's cache), the default output
-        places = [("the source model's folder", fetched.path), ("the output folder", target)]
-        check_upload_apart(output.upload_uri, places)
+    # The model as fetched (a hub snapshot's cache), and the default output now known.
+    sources = sources_read(args, fetched.path)
     with default_output(named=bool(output.save_directory)):
+        # Whatever `overwrite` says, before the dataset builds: no input is ever written to.
+        check_apart(target, sources, calibration.offload_folder)
+        if output.upload_uri:
+            check_upload_apart(output.upload_uri, [*sources, ("the output folder", target)])
         check_output_path(target)
     built = run(build_dataset, dataset, fetched, rendered.needs_data)
     return Inputs(

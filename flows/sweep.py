@@ -22,8 +22,11 @@ from pathlib import Path
 from prefect import flow
 from prefect.artifacts import create_table_artifact
 
+from compressflow.flows.checks import local_data, sources_read
 from compressflow.flows.opening import opened
+from compressflow.inputs import RunArgs
 from compressflow.logs import run_logger
+from compressflow.model.folder_checks.files import local_folder
 from compressflow.params import (
     METRICS,
     DatasetArgs,
@@ -42,6 +45,7 @@ from compressflow.results import Point, PointResult, SweepReport
 from compressflow.runtime.stages import Stages
 from compressflow.settings import check_settings
 from compressflow.store.identity import point_key
+from compressflow.store.output import check_apart
 from compressflow.tasks.build_dataset import build_dataset
 from compressflow.tasks.fetch_model import fetch_model
 from compressflow.tasks.render_recipe import render_recipe
@@ -94,11 +98,29 @@ def point_params(
             "recipe_args": {**recipe.recipe_args, **point.recipe_args},
         },
         "output": OutputArgs(
-            save_directory=str(output_root / f"point-{point_key(point)}"),
+            save_directory=str(point_folder(output_root, point)),
             tags=["sweep"],
             auto_evaluate=False,  # the sweep evaluates its points itself
         ).model_dump(),
     }
+
+
+def point_folder(output_root: Path, point: Point) -> Path:
+    """Where `point`'s compress run publishes."""
+    return output_root / f"point-{point_key(point)}"
+
+
+def check_points_apart(
+    root: Path, points: list[Point], args: RunArgs, held_out: HeldOutArgs
+) -> None:
+    """Refuse, before any point starts, an `output_root` that puts a point's output in, on or
+    around a file or folder its runs read (each point's compress run would refuse it anyway,
+    one failed run a point)."""
+    sources = sources_read(args, local_folder(args.model))
+    if (text := local_data(held_out)) is not None:  # evaluate-model reads it, each point
+        sources.append(("the held-out text (held_out.dataset_name)", text))
+    for point in points:
+        check_apart(point_folder(root, point), sources, field="output_root")
 
 
 def run_name() -> str:
@@ -123,6 +145,7 @@ def sweep(
     log = run_logger(__name__)
     points = expand(space, dataset.text_samples)
     root = Path(output_root).expanduser().resolve()
+    check_points_apart(root, points, RunArgs(model=model, dataset=dataset, recipe=recipe), held_out)
     inputs = {
         "model": model.model_dump(),
         "space": space.model_dump(),

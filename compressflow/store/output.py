@@ -2,8 +2,9 @@
 
 The output is `save_directory`, or a folder named after the model and scheme under the output
 folder (`output_path`). Before any work a run refuses a path it could not create
-(`check_output_path`), an output that overlaps the source model's folder (`check_apart`), and a
-folder that already holds another model (`check_target`), unless it is an earlier compressflow
+(`check_output_path`), an output that overlaps a file or folder the run reads (`check_apart`: the
+source model's folder, the data, the recipe file, the held-out text), and a folder that already
+holds another model (`check_target`), unless it is an earlier compressflow
 output (it holds our manifest) and `overwrite` is asked for. An output made from the same inputs
 and still holding the bytes it was published with is reused (`find_published`), or, on a
 worker without the local copy, the one uploaded to `upload_uri` (`find_uploaded`). An upload
@@ -212,18 +213,35 @@ def source_folder(model_path: str | Path) -> Path:
     return path
 
 
-def check_apart(target: Path, source: Path, offload: str = "") -> None:
-    """Refuse an output that is, lies inside or contains the source model's folder, whatever
-    `overwrite` says (publishing replaces the output folder), and a user's offload folder that is
-    or lies inside either of them (offloaded weights would be written among theirs)."""
-    target, source = target.expanduser().resolve(), source_folder(source)
-    if how := relation(target, source):
-        raise PublishError(
-            "output.save_directory",
-            f"{target} {how} the source model's folder {source} (symlinks resolved): "
-            "publishing there could replace or delete the original weights",
-            "choose a save_directory outside the source model's folder",
-        )
+def check_apart(
+    target: Path,
+    sources: list[tuple[str, str | Path]],
+    offload: str = "",
+    field: str = "output.save_directory",
+) -> None:
+    """Refuse an output that is, lies inside or contains a file or folder the run reads, whatever
+    `overwrite` says: `sources`, each (what it is, with the parameter naming it; its path), the
+    source model's folder, the calibration data, the recipe file, the held-out text. Publishing
+    replaces the output folder, and model files left among an input are what the next run reads
+    as that input. Also refused: a user's offload folder that is or lies inside one of them or
+    the output (offloaded weights would be written among their files)."""
+    named, target = Path(os.path.abspath(target.expanduser())), target.expanduser().resolve()
+    for what, place in sources:
+        # Symlinks resolved, and as named: a link to an input inside the output counts too.
+        path, given = source_folder(place), Path(os.path.abspath(Path(place).expanduser()))
+        for output, source, seen in (
+            (target, path, "symlinks resolved"),
+            (named, given, "as named"),
+        ):
+            if how := relation(output, source):
+                raise PublishError(
+                    field,
+                    f"{output} {how} {what}: {source} ({seen}): publishing there could replace "
+                    "or delete what the run reads, or leave model files where a later run reads "
+                    "this input",
+                    f"choose a {field.rsplit('.', 1)[-1]} outside {source} that does not hold it "
+                    "either, e.g. a folder beside it",
+                )
     if not offload:
         return
     folder = Path(offload).expanduser().resolve()
@@ -234,14 +252,15 @@ def check_apart(target: Path, source: Path, offload: str = "") -> None:
             "choose a folder, or leave offload_folder empty for a temporary folder beside the "
             "output",
         )
-    for other, what in ((source, "the source model's folder"), (target, "the output folder")):
+    for what, other in [*sources, ("the output folder", target)]:
+        other = source_folder(other)
         if (how := relation(folder, other)) in ("is", "lies inside"):
             raise InputError(
                 "calibration.offload_folder",
                 f"{folder} {how} {what} {other} (symlinks resolved): offloaded weights would be "
                 "written among its files",
-                "choose an offload_folder outside both, or leave it empty for a temporary folder "
-                "beside the output",
+                "choose an offload_folder apart from the inputs and the output, or leave it "
+                "empty for a temporary folder beside the output",
             )
 
 

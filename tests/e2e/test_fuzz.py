@@ -69,6 +69,12 @@ def test_output_locations(env, case):
     fuzz.run_validate(env, case)
 
 
+@pytest.mark.parametrize("where", sorted(fuzz.INPUT_PLACES))
+def test_outputs_against_each_input(env, where):
+    # Each input once (the draw above meets a few): refused on, in or around it, passing beside.
+    fuzz.run_validate(env, OutputCase(where))
+
+
 @fuzz.seeded(20)
 @given(case=fuzz.settings_cases())
 def test_worker_settings(env, case):

@@ -1295,7 +1295,16 @@ class OutputCase:
             from compressflow.settings import settings
 
             watched.append(settings().output_dir)
-        return validate_params(model, root, output=output), watched
+        groups = _read_inputs(root, self.where) if self.where.startswith("input:") else {}
+        return validate_params(model, root, output=output, **groups), watched
+
+    def held_to(self, outcome: Outcome) -> None:
+        """An output placed against an input the run reads: refused on, in or around it,
+        passing beside it (INPUT_PLACES says which)."""
+        if self.where in INPUT_PLACES:
+            words = INPUT_PLACES[self.where]
+            assert outcome.refused == bool(words), f"{self!r}: {outcome.error!r}"
+            assert words in str(outcome.error or ""), f"{self!r}: {outcome.error!r}"
 
     def outside(self) -> list[Path]:
         """Places outside the case's folder it names, which must not be created."""
@@ -1346,6 +1355,48 @@ def _made(root: Path, kind: str) -> str:
     raise ValueError(kind)
 
 
+# Outputs against each input the run reads (`_read_inputs` lays them out in the case's folder):
+# the words of its refusal where the output is, lies inside or contains it, "" (passes) beside it
+# or merely named alike. An output inside the offload folder passes: the run writes there only a
+# temporary folder of its own, and removes it.
+INPUT_PLACES: dict[str, str] = {
+    "input:output in the data folder": "lies inside the calibration data (dataset.dataset_name)",
+    "input:output is the data folder": "is the calibration data",
+    "input:output holds the data folder": "contains the calibration data",
+    "input:output is the data file": "is the calibration data",
+    "input:output holds the data file": "contains the calibration data",
+    "input:output holds a link to the data": "contains the calibration data",
+    "input:output is the recipe file": "is the recipe file (recipe.recipe)",
+    "input:output holds the recipe file": "contains the recipe file",
+    "input:output is the held-out file": "is the held-out text (target.held_out.dataset_name)",
+    "input:output holds the held-out file": "contains the held-out text",
+    "input:output is the offload folder": "calibration.offload_folder",
+    "input:output holds the offload folder": "calibration.offload_folder",
+    "input:output beside the data folder": "",
+    "input:output named as the data and more": "",
+    "input:output beside the recipe file": "",
+    "input:output in the offload folder": "",
+}
+_INPUT_OUTPUTS: dict[str, str] = {
+    "in the data folder": "inputs/data/out",
+    "is the data folder": "inputs/data",
+    "holds the data folder": "inputs",
+    "is the data file": "inputs/data/calib.jsonl",
+    "holds the data file": "inputs/data",
+    "holds a link to the data": "linked",
+    "is the recipe file": "recipes/w4.yaml",
+    "holds the recipe file": "recipes",
+    "is the held-out file": "eval/held.jsonl",
+    "holds the held-out file": "eval",
+    "is the offload folder": "offload",
+    "holds the offload folder": "scratch",
+    "beside the data folder": "inputs/data-w4a16",
+    "named as the data and more": "inputs/data2",
+    "beside the recipe file": "recipes/w4",
+    "in the offload folder": "offload/out",
+}
+
+
 OUTPUT_PLACES: dict[str, Callable[[Path], str]] = {
     "/proc/fuzz-out": lambda root: "/proc/fuzz-out",
     "/proc/self/fuzz-out": lambda root: "/proc/self/fuzz-out",
@@ -1384,7 +1435,44 @@ OUTPUT_PLACES: dict[str, Callable[[Path], str]] = {
     "nest:output parent links into source": lambda root: (
         _link(root, root / "model", "link") + "/out"
     ),
+    **{
+        f"input:output {case}": (lambda root, place=place: str(root / place))
+        for case, place in _INPUT_OUTPUTS.items()
+    },
 }
+
+
+def _read_inputs(root: Path, where: str) -> dict[str, dict]:
+    """The inputs an `input:` case's run reads, made in `root`: a data folder of one JSON-lines
+    file (dataset_name names the file in the data-file cases, else the folder; in the link case,
+    a link inside the output to the data), a recipe file, held-out text (a perplexity target)
+    and an offload folder where the case is about them."""
+    case = where.removeprefix("input:output ")
+    data = root / "inputs" / "data"
+    data.mkdir(parents=True)
+    (data / "calib.jsonl").write_text('{"text": "def f(x):\\n    return x + 1"}\n' * 16)
+    (root / "recipes").mkdir()
+    (root / "recipes" / "w4.yaml").write_text(
+        "quant_stage:\n  quant_modifiers:\n    GPTQModifier: "
+        "{targets: Linear, scheme: W4A16, ignore: [lm_head]}\n"
+    )
+    named = data / "calib.jsonl" if "data file" in case else data
+    if "link" in case:
+        (root / "linked").mkdir()
+        named = Path(_link(root / "linked", data, "data"))
+    groups = {
+        "dataset": {"dataset_name": str(named)},
+        "recipe": {"recipe": str(root / "recipes" / "w4.yaml")},
+    }
+    if "held-out" in case:
+        (root / "eval").mkdir()
+        (root / "eval" / "held.jsonl").write_text('{"text": "x = [1, 2, 3]"}\n' * 16)
+        held_out = {"dataset_name": str(root / "eval" / "held.jsonl"), "samples": 4}
+        groups["target"] = {"max_perplexity_ratio": 1.5, "held_out": held_out}
+    if "offload" in case:
+        offload = root / "scratch" / "offload" if "holds" in case else root / "offload"
+        groups["calibration"] = {"offload_folder": str(offload)}
+    return groups
 
 
 def _link(root: Path, target: Path, name: str) -> str:
@@ -1799,6 +1887,8 @@ def run_validate(env: FuzzEnv, case: Any, seconds: float = VALIDATE_SECONDS) -> 
         outcome = assert_refused_or_sound(
             lambda: validate(**params), case, watched, seconds, absent
         )
+        if isinstance(case, OutputCase):
+            case.held_to(outcome)
         return Ran(case, outcome, params)
 
 

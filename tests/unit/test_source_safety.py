@@ -136,7 +136,9 @@ def test_output_inside_the_hub_cache_folder_is_refused_before_the_dataset_builds
         return stage.fn(*args)
 
     for inside in (hub_cache / "snapshots" / "out", hub_cache / "blobs"):
-        with pytest.raises(PublishError, match=f"the source model's folder {hub_cache}"):
+        with pytest.raises(
+            PublishError, match=f"the source model's folder \\(model.model_id\\): {hub_cache}"
+        ):
             resolve_inputs(
                 run,
                 RunArgs(
@@ -162,17 +164,18 @@ def test_validate_refuses_an_output_inside_the_source(source):
 
 def test_an_offload_folder_inside_the_source_or_the_output_is_refused(tmp_path):
     src, out = tmp_path / "src", tmp_path / "out"
+    sources = [("the source model's folder", src)]
     for offload, what in [
         (src, "source model's"),
         (src / "tmp", "source model's"),
         (out, "output"),
     ]:
         with pytest.raises(InputError) as raised:
-            check_apart(out, src, str(offload))
+            check_apart(out, sources, str(offload))
         assert str(raised.value).startswith(f"calibration.offload_folder: {offload.resolve()}")
         assert f"the {what} folder" in str(raised.value)
-    check_apart(out, src, str(tmp_path))  # a folder that holds the output is fine
-    check_apart(out, src, "")
+    check_apart(out, sources, str(tmp_path))  # a folder that holds the output is fine
+    check_apart(out, sources, "")
 
 
 def test_validate_refuses_an_offload_folder_inside_the_source(source, tmp_path):
@@ -313,7 +316,7 @@ def test_an_output_or_offload_folder_under_a_file_is_refused(tmp_path):
     with pytest.raises(PublishError, match=f"{a_file} is {a_file}, which is a file"):
         check_output_path(a_file)
     with pytest.raises(InputError, match=f"calibration.offload_folder: {a_file} is a file"):
-        check_apart(tmp_path / "out", tmp_path / "src", str(a_file))
+        check_apart(tmp_path / "out", [("the source", tmp_path / "src")], str(a_file))
     assert a_file.read_text() == "mine"
 
 
