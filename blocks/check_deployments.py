@@ -8,7 +8,8 @@ nothing when every block exists, and one line per missing block (exit status 1) 
 A block is referenced by a `hub_token_block` (Secret) or `clearml_block` (ClearML Settings)
 parameter, at any depth (`model`, `base`, ...), or by a `{{ prefect.blocks.<type>.<name> }}`
 template anywhere in the deployment. Every deployment in the file is checked, whichever is being
-deployed: prefect.yaml is deployed as one.
+deployed: prefect.yaml is deployed as one. A key written twice in one mapping (a deployment's
+parameters above all) stops the deploy too: Prefect's YAML parser would silently keep the second.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
+from compressflow.errors import InputError
+from compressflow.limits import load_yaml, read_text
 
 SECRET = "secret"
 TEMPLATE = re.compile(r"\{\{\s*prefect\.blocks\.([^.\s}]+)\.([^.\s}]+)")
@@ -125,13 +127,20 @@ def references(config: dict) -> list[Reference]:
     return found
 
 
+def read_prefect_file(prefect_file: Path) -> dict:
+    """prefect.yaml parsed as `compressflow validate --deployment` reads it: bounded, and a key
+    written twice refused (InputError) where Prefect would keep the second silently."""
+    where, field = str(prefect_file), "prefect_file"
+    return load_yaml(read_text(prefect_file, where, field), where, field) or {}
+
+
 def missing_blocks(prefect_file: Path) -> list[str]:
     """One message per block a deployment in `prefect_file` names that the server lacks."""
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
     from prefect.settings import PREFECT_API_URL
 
-    found = references(yaml.safe_load(prefect_file.read_text()) or {})
+    found = references(read_prefect_file(prefect_file))
     api_url = PREFECT_API_URL.value() or "the Prefect API"
     problems, exists = [], {}
     with get_client(sync_client=True) as client:
@@ -165,7 +174,10 @@ def main(argv: list[str] | None = None) -> None:
     mark = deploy_mark(options.prefect_file) if options.once_per_deploy else None
     if mark and mark.exists() and time.time() - mark.stat().st_mtime < MARK_SECONDS:
         return
-    problems = missing_blocks(options.prefect_file)
+    try:
+        problems = missing_blocks(options.prefect_file)
+    except InputError as exc:  # prefect.yaml itself: a key written twice, or past the limits
+        problems = [str(exc)]
     for problem in problems:
         print(problem, file=sys.stderr)
     if problems:

@@ -5,12 +5,20 @@ laughs") loads at once and then expands to billions of values in whatever walks,
 it; ten thousand nested `[` make its composer recurse past Python's limit. So text is capped
 before it is parsed, and the composed node graph is counted *as expanded* (an alias counts its
 whole target again) and its depth is capped while it is composed, before anything walks it.
+
+PyYAML and `json` also keep the last of a key written twice in one mapping, silently dropping the
+other value: a recipe calibrated with one of two schemes, a model served with one of two
+settings. YAML forbids it; here it is refused, naming the key and both places (JSON: both values,
+and only when they differ, since a repeated identical value changes nothing).
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 import stat
+import types
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +47,7 @@ class _BoundedLoader(yaml.SafeLoader):
         super().__init__(stream)
         self._sizes: dict[yaml.Node, int] = {}
         self._depth = 0
+        self._path: list[str] = []  # where the node being composed lies: keys and [indexes]
 
     def compose_node(self, parent: Any, index: Any) -> yaml.Node:
         if self.check_event(yaml.AliasEvent):
@@ -50,14 +59,28 @@ class _BoundedLoader(yaml.SafeLoader):
                 )
             return super().compose_node(parent, index)
         self._depth += 1
+        # compose_mapping_node passes a value's key node as `index`, compose_sequence_node its
+        # position, a key None.
+        self._path.append(
+            index.value
+            if isinstance(index, yaml.ScalarNode)
+            else f"[{index}]"
+            if isinstance(index, int)
+            else "?"
+            if parent is not None
+            else ""
+        )
         try:
             if self._depth > MAX_DEPTH:
                 raise _LimitHit(
                     f"nests deeper than the limit of {MAX_DEPTH} levels", "write it flatter"
                 )
             node = super().compose_node(parent, index)
+            if isinstance(node, yaml.MappingNode):
+                self._refuse_twice(node)
         finally:
             self._depth -= 1
+            self._path.pop()
         children = (
             [n for pair in node.value for n in pair]
             if isinstance(node, yaml.MappingNode)
@@ -73,6 +96,53 @@ class _BoundedLoader(yaml.SafeLoader):
                 _NO_ALIASES,
             )
         return node
+
+    def _refuse_twice(self, node: yaml.MappingNode) -> None:
+        """Refuse a key written twice in `node`, as written: keys a merge (`<<: *base`) brings
+        in may be overridden, which is what merging is for. Keys are compared as the Python
+        values the mapping would hold (`1`, `1.0` and `true` are one key there), so checking
+        stays linear: one dict per mapping."""
+        seen: dict[Any, tuple[yaml.Node, yaml.Node]] = {}
+        for pair in node.value:
+            key = pair[0]
+            if not isinstance(key, yaml.ScalarNode) or key.tag == _MERGE:
+                continue  # a list or map as a key is unhashable: construction refuses it
+            value = self._key_value(key)
+            if value in seen:
+                raise _LimitHit(
+                    f"sets `{_dotted([*self._path, key.value])}` twice: "
+                    f"{_place(*seen[value])} and {_place(*pair)}; YAML allows a key once "
+                    "in a mapping, and the second would silently replace the first",
+                    "keep one of them: delete the other, or rename it if it meant another key",
+                )
+            seen[value] = pair
+
+    def _key_value(self, key: yaml.ScalarNode) -> Any:
+        construct = self.yaml_constructors.get(key.tag)
+        try:
+            value = construct(self, key) if construct else key.value
+            hash(value)
+        except Exception:  # e.g. `!!int x`: construction refuses it later, in YAML's words
+            return (key.tag, key.value)
+        return (key.tag, key.value) if isinstance(value, types.GeneratorType) else value
+
+
+_MERGE = "tag:yaml.org,2002:merge"
+
+
+def _dotted(steps: list[str]) -> str:
+    return "".join(
+        step if step.startswith("[") else f".{step}" for step in steps if step
+    ).removeprefix(".")
+
+
+def _place(key: yaml.Node, value: yaml.Node) -> str:
+    """`line 4, column 5 ('W4A16')`: where `key` is written, with its value when short."""
+    shown = ""
+    if isinstance(value, yaml.ScalarNode):
+        text = value.value if len(value.value) <= 40 else value.value[:37] + "..."
+        shown = f" ({text!r})"
+    return f"line {key.start_mark.line + 1}, column {key.start_mark.column + 1}{shown}"
 
 
 def _too_big(size: int, limit: int) -> str:
@@ -153,14 +223,75 @@ def read_json(path: Path, field: str, error: type[CompressflowError] = InputErro
             f"{path} {_too_big(size, MAX_JSON_BYTES)} for a JSON file compressflow reads",
             f"check {path.name}: a real one is a few MB at most; replace it with the original",
         )
+    twice: list[tuple[dict, str, Any, Any]] = []
     try:
-        return json.loads(path.read_bytes())
+        data = json.loads(path.read_bytes(), object_pairs_hook=functools.partial(_pairs, twice))
     except RecursionError:
         raise error(
             field,
             f"{path} nests too deeply to parse",
             f"check {path.name}: replace it with the original",
         ) from None
+    if twice:
+        held, key, first, second = twice[0]
+        raise error(
+            field,
+            f"{path} gives `{_json_path(data, held, key)}` twice, with two different values: "
+            f"{_shown(first)}, then {_shown(second)}; a loader silently keeps one of them",
+            f"keep in {path.name} the one the model was trained with, or replace {path.name} "
+            "with the model's original",
+        )
+    return data
+
+
+def _pairs(twice: list, pairs: list[tuple[str, Any]]) -> dict:
+    """One JSON object, as `json` builds it (the last value of a key kept); a key given twice
+    with two different values is noted in `twice`. The dict is built in C first: only an object
+    that lost a key to a repeat is walked in Python."""
+    built = dict(pairs)
+    if len(built) != len(pairs) and not twice:
+        seen: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in seen and not _same(seen[key], value):
+                twice.append((built, key, seen[key], value))
+                break
+            seen[key] = value
+    return built
+
+
+def _same(a: Any, b: Any) -> bool:
+    """JSON values equal as written: `1`, `1.0` and `true` differ; NaN is NaN."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(map(_same, a, b))
+    return a == b or (a != a and b != b)
+
+
+def _json_path(data: Any, held: dict, key: str) -> str:
+    """The dotted path of `key` in the object `held` inside `data` (found by identity)."""
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        node, where = stack.pop()
+        if node is held:
+            return f"{where}{_json_step(key)}".removeprefix(".")
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for name, child in items if isinstance(node, (dict, list)) else ():
+            if isinstance(child, (dict, list)):
+                step = f"[{name}]" if isinstance(node, list) else _json_step(name)
+                stack.append((child, f"{where}{step}"))
+    return key
+
+
+def _json_step(key: str) -> str:
+    return f".{key}" if re.fullmatch(r"[\w-]+", key) else f"[{json.dumps(key)}]"
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def check_data(

@@ -403,6 +403,62 @@ class EditJson:
         target.write_text(json.dumps(_set_path(data, self.path, self.value), indent=2))
 
 
+TWIN = "__twice__"  # write_twice's stand-in for the second key, replaced in the text
+
+
+def write_twice(tree: Any, path: str, form: str = "json", other: bool = False) -> str | None:
+    """`tree` as JSON or YAML text with the key at dotted `path` (a last step `*` or a key not
+    there: the object's first key) written twice, with the same value or `other`'s; None when
+    no object is there. Written as text: json.dumps and yaml.safe_dump cannot repeat a key."""
+    tree = copy.deepcopy(tree)
+    *parents, last = path.split(".")
+    node = tree
+    for step in parents:
+        node = node.get(step) if isinstance(node, dict) else None
+    if not isinstance(node, dict) or not node:
+        return None
+    key = last if last in node else next(iter(node))
+    if not isinstance(key, str):
+        return None
+    items = list(node.items())
+    at = [name for name, _ in items].index(key) + 1
+    node.clear()
+    value = items[at - 1][1]
+    node.update([*items[:at], (TWIN, _other(value) if other else value), *items[at:]])
+    text = json.dumps(tree, indent=2) if form == "json" else _dump(tree, form)
+    return text.replace(json.dumps(TWIN) if form == "json" else TWIN, json.dumps(key), 1)
+
+
+def _other(value: Any) -> Any:
+    """A JSON value unlike `value`."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int | float):
+        return value + 1 if value - value == 0 else 0  # not NaN or infinite
+    if isinstance(value, str):
+        return value + "x"
+    return [] if value else [0]
+
+
+@dataclass(frozen=True)
+class Twice:
+    """A key of a model's JSON file given twice in its object (issue 55): with the same value
+    (changes nothing: passes) or another (refused); `path` as write_twice takes it."""
+
+    file: str
+    path: str
+    same: bool
+
+    def apply(self, model: Path, env: FuzzEnv) -> None:
+        target = model / self.file
+        try:
+            data = json.loads(target.read_bytes())
+        except (OSError, ValueError):  # gone, or an earlier mutation broke it
+            return
+        if text := write_twice(data, self.path, other=not self.same):
+            target.write_text(text)
+
+
 @dataclass(frozen=True)
 class Reindex:
     """An edit of model.safetensors.index.json's weight_map (a sharded model's)."""
@@ -755,6 +811,23 @@ header_edits = st.builds(
     st.sampled_from(TENSORS),
     st.sampled_from(TAMPERED),
 )
+# Keys a loader reads from an object that keeps one value (tokenizer.json's model.type is an
+# untagged enum to `tokenizers`: a repeat there fails to load whatever the value).
+TWICE_PLACES = [
+    ("config.json", "hidden_size"),
+    ("config.json", "rope_parameters.rope_theta"),
+    ("config.json", "architectures"),
+    ("config.json", "eos_token_id"),
+    ("tokenizer.json", "model.vocab.*"),
+    ("tokenizer.json", "added_tokens"),
+    ("tokenizer.json", "normalizer"),
+    ("tokenizer_config.json", "bos_token"),
+    ("tokenizer_config.json", "model_max_length"),
+    ("generation_config.json", "eos_token_id"),
+]
+twice_edits = st.builds(
+    lambda place, same: Twice(*place, same), st.sampled_from(TWICE_PLACES), st.booleans()
+)
 index_edits = st.builds(
     Reindex,
     st.sampled_from(
@@ -773,6 +846,7 @@ def checkpoint_cases(draw) -> CheckpointCase:
         config_edits,
         stray_files,
         header_edits,
+        twice_edits,
         *([index_edits, index_edits] if sharded else []),
     )
     mutations = tuple(draw(st.lists(one, min_size=1, max_size=2)))
@@ -856,6 +930,7 @@ def tokenizer_cases(draw) -> CheckpointCase:
             st.sampled_from(TOKENIZER_VALUES),
         ),
         st.builds(Remove, st.sampled_from(TOKENIZER_FILES)),
+        twice_edits,
         st.builds(Truncate, st.sampled_from(TOKENIZER_FILES), st.floats(0, 0.999)),
         st.builds(
             Junk,
@@ -881,6 +956,7 @@ class RecipeCase:
     raw: str | None = None  # the recipe is RAW_RECIPES[raw]
     target: dict | None = None  # a quality target or bits budget the recipe must be able to meet
     calibration: dict | None = None  # memory caps and batch the plan must honour or refuse
+    twice: str | None = None  # the text writes a key twice: "same" value or "other" (refused)
 
     def prepare(self, env: FuzzEnv, root: Path) -> tuple[dict, list[Path]]:
         recipe = dict(self.recipe)
@@ -1044,6 +1120,17 @@ def _dump(tree: Any, form: str) -> str:
     return yaml.safe_dump(tree, sort_keys=False, allow_unicode=True)
 
 
+def _first_keys(tree: Any, depth: int) -> list[str]:
+    """The first key at each level, down `depth` levels of mappings at most."""
+    path: list[str] = []
+    while len(path) < depth and isinstance(tree, dict) and tree:
+        key, tree = next(iter(tree.items()))
+        if not isinstance(tree, dict):
+            break
+        path.append(key)
+    return path
+
+
 # Recipe text as typed, pasted or attacked with, by name (the long ones are built on use).
 RAW_RECIPES: dict[str, Callable[[], str]] = {
     "empty": lambda: "",
@@ -1141,7 +1228,13 @@ def recipe_cases(draw) -> RecipeCase:
     )
     for one in draw(st.lists(edit, min_size=1, max_size=3)):
         tree = _apply_recipe_edit(tree, one)
-    text = _dump(tree, draw(st.sampled_from(["yaml", "json"])))
+    form_of_text = draw(st.sampled_from(["yaml", "json"]))
+    text = _dump(tree, form_of_text)
+    twice = draw(st.sampled_from([None, None, "other", None, None, "same", None, None]))
+    if twice:  # a key written twice, 0 to 3 levels down: a stage, a group, a modifier, a field
+        path = _first_keys(tree, draw(st.integers(0, 3)))
+        doubled = write_twice(tree, ".".join([*path, "*"]), form_of_text, twice == "other")
+        text, twice = (doubled, twice) if doubled else (text, None)
     args = draw(
         st.dictionaries(
             st.sampled_from(["undefined", "damp"]), st.sampled_from([0.1, "x"]), max_size=1
@@ -1155,6 +1248,7 @@ def recipe_cases(draw) -> RecipeCase:
         file="recipe.yaml" if form == "file" else None,
         target=draw(targets),
         calibration=draw(calibrations),
+        twice=twice,
     )
 
 
@@ -2017,7 +2111,24 @@ def run_compress(env: FuzzEnv, case: Any) -> Ran:
                 f"{case!r}: published from a source the loader reads without {lost[:4]} "
                 f"({len(lost)} of {len(want)} tensors missing or changed)"
             )
+        assert_no_silent_choice(case, outcome)
         return Ran(case, outcome, params)
+
+
+def assert_no_silent_choice(case: Any, outcome: Outcome) -> None:
+    """Issue 55: a key written twice is refused, never one of its values used. In a recipe
+    always (YAML allows a key once); in a model's JSON when its values differ, while the same
+    value twice, the case's only change, passes."""
+    if isinstance(case, RecipeCase) and case.twice:
+        assert outcome.refused, f"{case!r}: a recipe that writes a key twice passed"
+    twins = [m for m in getattr(case, "mutations", ()) if isinstance(m, Twice)]
+    if twins and len(twins) == len(case.mutations):
+        if all(m.same for m in twins):
+            assert not outcome.refused, f"{case!r}: one value given twice refused: {outcome.error}"
+        else:
+            assert outcome.refused and "twice" in outcome.error.problem, (
+                f"{case!r}: a key given two values {outcome.error or 'passed'}"
+            )
 
 
 # ---------------------------------------------------------------- model sources in a store

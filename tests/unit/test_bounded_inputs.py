@@ -170,3 +170,106 @@ def test_a_text_or_json_file_that_is_a_fifo_or_device_is_refused_unopened(tmp_pa
             read_text(path, "the file", "field")
         with pytest.raises(ModelFetchError, match=f"^model.model_id: {refused}"):
             read_json(path, "model.model_id", ModelFetchError)
+
+
+# ---------------------------------------------------------------- a key given twice (issue 55)
+
+TWO_SCHEMES = """\
+quant_stage:
+  quant_modifiers:
+    GPTQModifier:
+      scheme: W4A16
+      targets: Linear
+      ignore: [lm_head]
+      scheme: W8A8
+"""
+
+
+def test_a_recipe_that_sets_one_key_twice_is_refused_naming_the_key_and_both_lines(tmp_path):
+    error = refused_quickly(lambda: load_recipe(TWO_SCHEMES))
+    assert error.field == "recipe.recipe"
+    assert (
+        "sets `quant_stage.quant_modifiers.GPTQModifier.scheme` twice: line 4, column 7 "
+        "('W4A16') and line 7, column 7 ('W8A8')" in error.problem
+    )
+    assert error.fix.startswith("keep one of them")
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(TWO_SCHEMES)
+    error = refused_quickly(lambda: load_recipe(str(recipe)))
+    assert str(recipe) in error.problem and "line 7, column 7" in error.problem
+
+    # In a list, in flow style, and keys Python holds as one (1 and 1.0); a whole stage twice.
+    for text, named in [
+        ("s: {modifiers: [{GPTQModifier: {targets: a, targets: b}}]}", "s.modifiers[0]."),
+        ("quant_stage: {1: x, 1.0: y}", "quant_stage.1.0"),
+        ("quant_stage: {}\nquant_stage: {}\n", "`quant_stage`"),
+    ]:
+        assert named in refused_quickly(lambda text=text: load_recipe(text)).problem
+
+
+def test_a_merge_key_may_override_what_it_merges_and_the_same_text_elsewhere_is_no_repeat():
+    text = """\
+base: &base {targets: Linear, scheme: W4A16}
+quant_stage:
+  quant_modifiers:
+    GPTQModifier:
+      <<: *base
+      scheme: W8A8
+other: {scheme: W4A16}
+"""
+    recipe = load_recipe(text)[0]
+    assert recipe["quant_stage"]["quant_modifiers"]["GPTQModifier"] == {
+        "targets": "Linear",
+        "scheme": "W8A8",
+    }
+    assert load_recipe("a: {'1': x, 1: y}")[0] == {"a": {"1": "x", 1: "y"}}  # str and int keys
+
+
+def test_a_cli_parameter_file_that_gives_a_group_twice_is_refused(tmp_path):
+    from compressflow.flows.cli import read_yaml
+
+    path = tmp_path / "params.yaml"
+    path.write_text("model: {model_id: a}\nrecipe: {recipe: W4A16}\nmodel: {model_id: b}\n")
+    error = refused_quickly(lambda: read_yaml(path, "--params"), InputError)
+    assert error.field == "--params"
+    assert f"{path} sets `model` twice: line 1, column 1 and line 3, column 1" in error.problem
+
+
+def test_model_json_refuses_a_key_given_twice_with_two_values_and_keeps_one_value_twice(tmp_path):
+    from compressflow.model.folder_checks.files import check_json_files
+
+    tokenizer = tmp_path / "tokenizer.json"
+    # Written as text: json.dumps cannot write a key twice.
+    tokenizer.write_text('{"model": {"vocab": {"a": 0, "b": 1, "a": 0}, "type": "BPE"}}')
+    check_json_files(tmp_path)  # the same value twice changes nothing
+
+    tokenizer.write_text('{"model": {"vocab": {"a": 0, "b": 1, "a": 2}}, "added_tokens": []}')
+    with pytest.raises(ModelFetchError) as raised:
+        check_json_files(tmp_path)
+    error = raised.value
+    assert error.field == "model.model_id"
+    assert f"{tokenizer} gives `model.vocab.a` twice, with two different values: 0, then 2" in (
+        error.problem
+    )
+    assert "the one the model was trained with" in error.fix and "original" in error.fix
+
+    # 1, 1.0 and true are equal in Python, not in the file.
+    tokenizer.write_text('{"x": 1, "x": 1}')
+    (tmp_path / "generation_config.json").write_text('{"do_sample": 1, "do_sample": true}')
+    with pytest.raises(ModelFetchError, match="`do_sample` twice, with two different values"):
+        check_json_files(tmp_path)
+
+
+def test_config_json_with_a_key_given_twice_is_refused_at_the_config_check(tmp_path):
+    from compressflow.model.folder_checks.config import check_config
+    from compressflow.params import ModelArgs
+
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "llama", "rope_parameters": {"rope_type": "default", '
+        '"rope_theta": 10000.0, "rope_theta": 500000.0}}'
+    )
+    with pytest.raises(ModelFetchError, match="`rope_parameters.rope_theta` twice") as raised:
+        check_config(tmp_path, ModelArgs(model_id=str(tmp_path)))
+    problem = raised.value.problem
+    assert "10000.0, then 500000.0" in problem and "cannot be read as JSON" not in problem

@@ -83,3 +83,36 @@ def test_the_evaluate_trigger_reads_the_upload_uri_where_the_model_was_uploaded(
     assert rendered({"path": "/models/m", "upload_uri": "s3://models/m"}) == "s3://models/m"
     assert rendered({"path": "/models/m", "upload_uri": ""}) == "/models/m"
     assert rendered({"path": "/models/m"}) == "/models/m"  # an event from before upload_uri
+
+
+def test_a_deployment_parameter_given_twice_stops_the_deploy_naming_both_lines(tmp_path, capsys):
+    """Prefect keeps the second of two values silently; the check-blocks build step refuses."""
+    import pytest
+
+    from compressflow.blocks import check_deployments
+
+    prefect_file = tmp_path / "prefect.yaml"
+    prefect_file.write_text(
+        "deployments:\n"
+        "  - name: nightly\n"
+        "    parameters:\n"
+        "      model: {model_id: acme/a}\n"
+        "      recipe: {recipe: W4A16}\n"
+        "      model: {model_id: acme/b}\n"
+    )
+    with pytest.raises(SystemExit) as exited:
+        check_deployments.main([str(prefect_file)])  # refused before asking the server
+    assert exited.value.code == 1
+    assert capsys.readouterr().err == (
+        f"prefect_file: {prefect_file} sets `deployments[0].parameters.model` twice: line 4, "
+        "column 7 and line 6, column 7; YAML allows a key once in a mapping, and the second "
+        "would silently replace the first. Fix: keep one of them: delete the other, or rename "
+        "it if it meant another key\n"
+    )
+
+
+def test_the_projects_prefect_yaml_reads_as_the_build_step_reads_it():
+    from compressflow.blocks.check_deployments import read_prefect_file
+
+    names = [d["name"] for d in read_prefect_file(ROOT / "prefect.yaml")["deployments"]]
+    assert "compress" in names and "evaluate" in names

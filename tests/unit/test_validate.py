@@ -373,6 +373,19 @@ def test_cli_unknown_deployment_exits_2_listing_the_deployments(tmp_path, capsys
     ]
 
 
+def test_cli_deployment_whose_parameters_give_a_group_twice_exits_2_naming_both(tmp_path, capsys):
+    prefect_yaml = tmp_path / "prefect.yaml"
+    prefect_yaml.write_text(
+        PREFECT_YAML.replace("{model: {model_id: acme/model}}", "{model: {}, model: {}}")
+    )
+    argv = ["validate", "--deployment", "nightly-w4a16", "--prefect-yaml", str(prefect_yaml)]
+    (line,) = refused_lines(capsys, argv)
+    assert line.startswith(
+        f"error: --prefect-yaml: {prefect_yaml} sets `deployments[1].parameters.model` twice: "
+        "line 6, column 18 and line 6, column 29"
+    )
+
+
 def test_cli_help_gives_examples_and_exit_statuses(capsys):
     with pytest.raises(SystemExit) as exited:
         cli(["validate", "--help"])

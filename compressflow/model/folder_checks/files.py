@@ -51,9 +51,12 @@ def check_files(path: Path) -> None:
 
 
 def load_model_json(file: Path):
-    """A JSON file of the model's (config.json, the shard index), its parse errors worded."""
+    """A JSON file of the model's (config.json, the shard index), its parse errors worded; a key
+    given twice in one object with two different values is refused (read_json)."""
     try:
         return read_json(file, "model.model_id", ModelFetchError)
+    except ModelFetchError:  # read_json's own refusal (a key given twice, too deep): a ValueError
+        raise
     except json.JSONDecodeError as exc:  # transformers would fail later with no file or field
         raise ModelFetchError(
             "model.model_id",
