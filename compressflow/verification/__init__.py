@@ -4,7 +4,8 @@ It reloads the checkpoint from disk the way a server does and checks, cheapest f
 
 1. quantization config: `config.json` carries a compressed-tensors `quantization_config`, and
    its format is not `dense` when the recipe quantizes (a dense save means the weights were not
-   packed: same size as the original, and vLLM reads it as unquantized);
+   packed: same size as the original, and vLLM reads it as unquantized); then the tokenizer fits:
+   every id the saved tokenizer can produce is a row of the saved embedding (vocab.py);
 2. tensor names: every saved tensor belongs to a module of the source checkpoint, and every
    source tensor is still there (vLLM's loaders map checkpoints by the source's names), except
    those transformers does not load (old `rotary_emb.inv_freq` buffers, tied copies); a tensor

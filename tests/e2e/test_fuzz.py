@@ -51,6 +51,22 @@ def test_tokenizers_and_templates(env, case):
     fuzz.run_validate(env, case)
 
 
+@pytest.mark.parametrize(
+    "token",
+    [
+        fuzz.AddToken("tokenizer.json", 0, grow=64),  # below the grown rows: passes
+        fuzz.AddToken("tokenizer.json", -1, "vocab"),  # the vocabulary's own string and id
+        fuzz.AddToken("tokenizer.json", 64, grow=64),  # the first id past the grown rows
+        fuzz.AddToken("tokenizer_config.json", -2000),  # another string's id
+    ],
+    ids=repr,
+)
+def test_added_token_ids_fit_or_are_refused(env, token):
+    """Issue 55: an added token is refused exactly where it does not fit the embedding."""
+    ran = fuzz.run_validate(env, CheckpointCase((token,)))
+    assert ran.outcome.refused != token.fits(), ran.outcome.error
+
+
 @fuzz.seeded(50)
 @given(case=fuzz.recipe_cases())
 def test_recipes(env, case):

@@ -634,6 +634,59 @@ class Template:
                 EditJson("tokenizer_config.json", "chat_template", self.text).apply(model, env)
 
 
+@dataclass(frozen=True)
+class AddToken:
+    """An added token (issue 55) at the id `offset` past the embedding's rows (-1: its last row),
+    in `file`'s added tokens: `text` "new" (a string of its own; on a row the vocabulary holds, a
+    clash) or "vocab" (the string the vocabulary gives that id, as Llama lists <s> in both).
+    `grow`: rows the embedding and head gain first, as the refusal's fix does. `fits()`: whether
+    the tiny Llama (its vocabulary fills every row) then passes."""
+
+    file: str  # tokenizer.json, tokenizer_config.json
+    offset: int
+    text: str = "new"
+    grow: int = 0
+
+    def fits(self) -> bool:
+        return self.offset < self.grow if self.offset >= 0 else self.text == "vocab"
+
+    def apply(self, model: Path, env: FuzzEnv) -> None:
+        try:
+            config = json.loads((model / "config.json").read_bytes())
+            vocab = json.loads((model / "tokenizer.json").read_bytes())["model"]["vocab"]
+            rows = int(config["vocab_size"])  # the tiny Llama's: its embedding's rows
+        except (OSError, ValueError, KeyError, TypeError):  # an earlier mutation broke it
+            return
+        if self.grow and (model / "model.safetensors").is_file():
+            header, data = read_safetensors(model / "model.safetensors")
+            tensors = {}
+            for name, spec in header.items():
+                if name != "__metadata__":
+                    dtype, shape, (begin, end) = spec["dtype"], spec["shape"], spec["data_offsets"]
+                    tensor = data[begin:end]
+                    if name in ("model.embed_tokens.weight", "lm_head.weight"):
+                        tensor += bytes(len(tensor) // shape[0] * self.grow)
+                        shape = [shape[0] + self.grow, *shape[1:]]
+                    tensors[name] = (dtype, shape, tensor)
+            write_safetensors(model / "model.safetensors", tensors)
+            EditJson("config.json", "vocab_size", rows + self.grow).apply(model, env)
+        id = rows + self.offset
+        same = [t for t, i in vocab.items() if i == id] if isinstance(vocab, dict) else []
+        text = same[0] if self.text == "vocab" and same else f"<|added_{id}|>"
+        token = {"id": id, "content": text, "special": True, "normalized": False}
+        target = model / self.file
+        try:
+            data = json.loads(target.read_bytes())
+        except (OSError, ValueError):
+            return
+        if self.file == "tokenizer.json" and isinstance(data.get("added_tokens"), list):
+            token.update(single_word=False, lstrip=False, rstrip=False)
+            data["added_tokens"].append(token)
+        elif self.file == "tokenizer_config.json":
+            data.setdefault("added_tokens_decoder", {})[str(id)] = token
+        target.write_text(json.dumps(data, indent=2))
+
+
 # ---------------------------------------------------------------- checkpoint folders
 
 
@@ -911,6 +964,10 @@ TOKENIZER_VALUES = [
     "<no-such-token>",
 ]
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]
+# Token ids about the tiny Llama's embedding rows (issue 55): below them, the last, the first past
+# them, far past.
+TINY_ROWS = 2048
+TOKEN_OFFSETS = [-2000, -1, 0, 1, 63, 10**6]
 
 
 @st.composite
@@ -928,6 +985,19 @@ def tokenizer_cases(draw) -> CheckpointCase:
             st.just("tokenizer.json"),
             st.sampled_from(TOKENIZER_JSON_PATHS),
             st.sampled_from(TOKENIZER_VALUES),
+        ),
+        st.builds(
+            AddToken,
+            st.sampled_from(["tokenizer.json", "tokenizer_config.json"]),
+            st.sampled_from(TOKEN_OFFSETS),
+            st.sampled_from(["new", "vocab"]),
+            st.sampled_from([0, 0, 64]),
+        ),
+        st.builds(
+            EditJson,
+            st.sampled_from(["config.json", "generation_config.json"]),
+            st.sampled_from(["bos_token_id", "eos_token_id", "pad_token_id"]),
+            st.sampled_from(TOKEN_OFFSETS).map(lambda offset: TINY_ROWS + offset),
         ),
         st.builds(Remove, st.sampled_from(TOKENIZER_FILES)),
         twice_edits,
@@ -1981,26 +2051,9 @@ def run_validate(env: FuzzEnv, case: Any, seconds: float = VALIDATE_SECONDS) -> 
         outcome = assert_refused_or_sound(
             lambda: validate(**params), case, watched, seconds, absent
         )
-        assert_no_silent_choice(case, outcome)
         if isinstance(case, OutputCase):
             case.held_to(outcome)
         return Ran(case, outcome, params)
-
-
-def assert_no_silent_choice(case: Any, outcome: Outcome) -> None:
-    """Issue 55: a key written twice is refused, never one of its values used. In a recipe
-    always (YAML allows a key once); in a model's JSON when its values differ, while the same
-    value twice, the case's only change, passes."""
-    if isinstance(case, RecipeCase) and case.twice:
-        assert outcome.refused, f"{case!r}: a recipe that writes a key twice passed"
-    twins = [m for m in getattr(case, "mutations", ()) if isinstance(m, Twice)]
-    if twins and len(twins) == len(case.mutations):
-        if all(m.same for m in twins):
-            assert not outcome.refused, f"{case!r}: one value given twice refused: {outcome.error}"
-        else:
-            assert outcome.refused and "twice" in outcome.error.problem, (
-                f"{case!r}: a key given two values {outcome.error or 'passed'}"
-            )
 
 
 @contextmanager
@@ -2128,7 +2181,24 @@ def run_compress(env: FuzzEnv, case: Any) -> Ran:
                 f"{case!r}: published from a source the loader reads without {lost[:4]} "
                 f"({len(lost)} of {len(want)} tensors missing or changed)"
             )
+        assert_no_silent_choice(case, outcome)
         return Ran(case, outcome, params)
+
+
+def assert_no_silent_choice(case: Any, outcome: Outcome) -> None:
+    """Issue 55: a key written twice is refused, never one of its values used. In a recipe
+    always (YAML allows a key once); in a model's JSON when its values differ, while the same
+    value twice, the case's only change, passes."""
+    if isinstance(case, RecipeCase) and case.twice:
+        assert outcome.refused, f"{case!r}: a recipe that writes a key twice passed"
+    twins = [m for m in getattr(case, "mutations", ()) if isinstance(m, Twice)]
+    if twins and len(twins) == len(case.mutations):
+        if all(m.same for m in twins):
+            assert not outcome.refused, f"{case!r}: one value given twice refused: {outcome.error}"
+        else:
+            assert outcome.refused and "twice" in outcome.error.problem, (
+                f"{case!r}: a key given two values {outcome.error or 'passed'}"
+            )
 
 
 # ---------------------------------------------------------------- model sources in a store

@@ -392,6 +392,7 @@ def test_every_check_is_registered_once_and_records_itself_under_its_name(tmp_pa
     model_free = {"reference": reference, "one_pass": OnePass([], [torch.randn(2, 8)], {})}
     applies = {
         "quantization config": state(),
+        "tokenizer fits": state(),
         "tensor names": state(),
         "weights": state("model_free", **model_free),
         "reload": state(),

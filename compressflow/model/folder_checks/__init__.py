@@ -6,13 +6,14 @@ needs `trust_remote_code` or is already quantized, a folder without a tokenizer,
 malformed safetensors, a FIFO, device or folder where a model file should be, or one this worker
 cannot read, a JSON file that does not parse, a chat template jinja2 cannot parse, a tokenizer
 or processor that would import the repository's own code, and weights held only as pickle files
-(torch.load can execute what they carry). `registry.check_folder` runs every one of them (none
-needs a library: torch and transformers stay unimported), in the flow's own process: on a local
-folder before any child starts, on a download after it.
+(torch.load can execute what they carry), and a tokenizer with ids the embedding has no rows
+for. `registry.check_folder` runs every one of them (none needs a library: torch and
+transformers stay unimported), in the flow's own process: on a local folder before any child
+starts, on a download after it.
 
 Each check is a `FolderCheck` in the module of its subject (files.py, config.py, tokenizer.py,
-weights.py): its name, the field a failure blames, and its function, which takes the `Folder`
-under check (the folder, the model's arguments, and what earlier checks handed on).
+vocab.py, weights.py): its name, the field a failure blames, and its function, which takes the
+`Folder` under check (the folder, the model's arguments, and what earlier checks handed on).
 `registry.FOLDER_CHECKS` lists them in the order they run, cheapest first. A new check is a
 function beside its subject's and one line in the registry.
 """

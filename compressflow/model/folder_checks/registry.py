@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from compressflow.model.folder_checks import Folder, FolderCheck, config, files, tokenizer
+from compressflow.model.folder_checks import Folder, FolderCheck, config, files, tokenizer, vocab
 from compressflow.model.folder_checks import weights as weight_files
 from compressflow.params import ModelArgs
 
 # Cheapest first: the folder and the files the loaders open readable, every JSON file and chat
 # template parsed, what loading could execute (auto_map, pickle weights), the tokenizer there,
-# the safetensors headers whole and the config's sizes against them.
+# the safetensors headers whole and the config's sizes against them, the tokenizer's ids against
+# the embedding's rows.
 FOLDER_CHECKS: tuple[FolderCheck, ...] = (
     files.READABLE,
     files.FILES,
@@ -22,6 +23,7 @@ FOLDER_CHECKS: tuple[FolderCheck, ...] = (
     weight_files.PICKLES,
     weight_files.WEIGHT_FILES,
     config.SIZES,  # against the layers the weight files hold
+    vocab.VOCAB,  # the tokenizer's ids against the embedding's rows, from the headers
 )
 
 
