@@ -2051,9 +2051,26 @@ def run_validate(env: FuzzEnv, case: Any, seconds: float = VALIDATE_SECONDS) -> 
         outcome = assert_refused_or_sound(
             lambda: validate(**params), case, watched, seconds, absent
         )
+        assert_no_silent_choice(case, outcome)
         if isinstance(case, OutputCase):
             case.held_to(outcome)
         return Ran(case, outcome, params)
+
+
+def assert_no_silent_choice(case: Any, outcome: Outcome) -> None:
+    """Issue 55: a key written twice is refused, never one of its values used. In a recipe
+    always (YAML allows a key once); in a model's JSON when its values differ, while the same
+    value twice, the case's only change, passes."""
+    if isinstance(case, RecipeCase) and case.twice:
+        assert outcome.refused, f"{case!r}: a recipe that writes a key twice passed"
+    twins = [m for m in getattr(case, "mutations", ()) if isinstance(m, Twice)]
+    if twins and len(twins) == len(case.mutations):
+        if all(m.same for m in twins):
+            assert not outcome.refused, f"{case!r}: one value given twice refused: {outcome.error}"
+        else:
+            assert outcome.refused and "twice" in outcome.error.problem, (
+                f"{case!r}: a key given two values {outcome.error or 'passed'}"
+            )
 
 
 @contextmanager
@@ -2181,24 +2198,7 @@ def run_compress(env: FuzzEnv, case: Any) -> Ran:
                 f"{case!r}: published from a source the loader reads without {lost[:4]} "
                 f"({len(lost)} of {len(want)} tensors missing or changed)"
             )
-        assert_no_silent_choice(case, outcome)
         return Ran(case, outcome, params)
-
-
-def assert_no_silent_choice(case: Any, outcome: Outcome) -> None:
-    """Issue 55: a key written twice is refused, never one of its values used. In a recipe
-    always (YAML allows a key once); in a model's JSON when its values differ, while the same
-    value twice, the case's only change, passes."""
-    if isinstance(case, RecipeCase) and case.twice:
-        assert outcome.refused, f"{case!r}: a recipe that writes a key twice passed"
-    twins = [m for m in getattr(case, "mutations", ()) if isinstance(m, Twice)]
-    if twins and len(twins) == len(case.mutations):
-        if all(m.same for m in twins):
-            assert not outcome.refused, f"{case!r}: one value given twice refused: {outcome.error}"
-        else:
-            assert outcome.refused and "twice" in outcome.error.problem, (
-                f"{case!r}: a key given two values {outcome.error or 'passed'}"
-            )
 
 
 # ---------------------------------------------------------------- model sources in a store
