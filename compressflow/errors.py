@@ -7,6 +7,12 @@ the flow lets them through unchanged so the Prefect UI shows the message as writ
 from __future__ import annotations
 
 import difflib
+import json
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 
 def first_line(exc: BaseException) -> str:
@@ -121,3 +127,96 @@ class StageDefect(CompressflowError):
 
 class StageTimedOut(CompressflowError):
     """A stage ran past the time limit a parameter set for it, and was stopped."""
+
+
+@contextmanager
+def interpreting(
+    field: str,
+    source: Path | str,
+    error: type[InputError] = InputError,
+    doing: str = "the library that reads it refuses",
+    fix: str = "",
+    said=first_line,
+    more: str = "",
+) -> Iterator[None]:
+    """Fault by provenance: what a library raises while it interprets `source`, an input the user
+    gave through `field` (config.json as the model class is built from it, the tokenizer's files,
+    a data file), is that input's refusal, not a defect of ours.
+
+    Wrap the one library call that reads the input, nothing else: inside the block any exception
+    but ours becomes `error(field, "<doing> <source> (at its key K: V): <the library's words>",
+    fix)`, where K is a key of a JSON `source` that those words name, when they name one; the
+    fix, unless given, is to correct K (or the setting named) or restore the file, and `more`. What
+    escapes outside such a block is still the stage boundary's `StageDefect`. A stage limit's
+    TimeoutError and a MemoryError are no input's fault: they pass. `said` gives the library's
+    words (default `first_line`).
+    """
+    try:
+        yield
+    except CompressflowError:
+        raise
+    except (TimeoutError, MemoryError):
+        raise
+    except Exception as exc:
+        words = said(exc)
+        file = Path(source)
+        found = key_named(words, file)
+        at = f" (at its key {found[0]}: {json.dumps(found[1])[:80]})" if found else ""
+        default = (
+            f"correct {found[0] if found else 'the setting the message names'} in {file.name}, "
+            f"or replace {file.name} with the model's original{more}"
+        )
+        # `doing` places the source itself where it says {source}; else the source follows it.
+        what = (
+            doing.replace("{source}", str(source)) if "{source}" in doing else f"{doing} {source}"
+        )
+        raise error(field, f"{what}{at}: {words}", fix or default) from exc
+
+
+# Key names this short are words the libraries use for other things ("type", "name").
+_SHORTEST_KEY = 5
+_WALKED = 20_000  # values looked at, at most: a tokenizer.json's vocabulary holds 100,000s
+
+
+def key_named(words: str, file: Path) -> tuple[str, Any] | None:
+    """The (dotted key, value) of JSON `file` that a library's `words` name: a string value they
+    quote (`'nonsense'`, `torch.int8`; the deepest), else a key whose name they use (the first).
+    None when the file is no readable JSON object, or the words name none of it."""
+    if file.suffix != ".json" or not file.is_file() or file.stat().st_size > 16 << 20:
+        return None
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    by_name: list[tuple[int, str, Any]] = []
+    by_value: list[tuple[str, Any]] = []
+    for dotted, key, value in _walk(data):
+        if len(key) >= _SHORTEST_KEY or "_" in key:
+            if match := re.search(rf"(?<![\w]){re.escape(key)}(?![\w])", words):
+                by_name.append((match.start(), dotted, value))
+        if isinstance(value, str) and len(value) >= 2:
+            if re.search(rf"['\"`=.]{re.escape(value)}(?![\w])", words):
+                by_value.append((dotted, value))
+    if by_value:  # the more telling: transformers 5 names rope_parameters for a rope_scaling
+        return max(by_value, key=lambda hit: hit[0].count("."))
+    if by_name:
+        _, dotted, value = min(by_name, key=lambda hit: (hit[0], hit[1].count(".")))
+        return dotted, value
+    return None
+
+
+def _walk(data: Any, prefix: str = "", depth: int = 3) -> Iterator[tuple[str, str, Any]]:
+    """(dotted key, key, value) of an object's entries, `depth` levels down, `_WALKED` at most."""
+    if not isinstance(data, dict):
+        return
+    stack, walked = [(prefix, data, depth)], 0
+    while stack and walked < _WALKED:
+        where, mapping, left = stack.pop(0)
+        for key, value in mapping.items():
+            walked += 1
+            dotted = f"{where}.{key}" if where else str(key)
+            yield dotted, str(key), value
+            if isinstance(value, dict) and left > 1:
+                stack.append((dotted, value, left - 1))
+            if walked >= _WALKED:
+                break

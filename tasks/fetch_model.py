@@ -16,6 +16,7 @@ from pathlib import Path
 
 from prefect import task
 
+from compressflow.data.tokenizer import check_tokenizer
 from compressflow.errors import ModelFetchError
 from compressflow.logs import run_logger
 from compressflow.model.args import is_store_uri
@@ -24,7 +25,7 @@ from compressflow.model.folder_checks.files import local_folder
 from compressflow.model.folder_checks.registry import check_folder
 from compressflow.model.folder_checks.weights import check_has_weights
 from compressflow.model.headers import parameter_count
-from compressflow.model.loading import loading_class
+from compressflow.model.loading import interpreted_class
 from compressflow.params import ModelArgs
 from compressflow.reporting import tracking
 from compressflow.results import FetchedModel
@@ -96,6 +97,11 @@ def fetch(args: ModelArgs, weights: bool = True) -> FetchedModel:
     # Every source: a local folder has passed them once already, before any child started
     # (flows/checks.py `precheck`); a download is first checked here, once it is on disk.
     check_folder(path, args, weights or source not in ("hub", "store"))
+    # What transformers raises building the model class from config.json, then the tokenizer
+    # (which reads config.json too), is their files' fault: said now, before the dataset is
+    # built, and for a data-free recipe (which builds none) before calibration.
+    model_class = in_child(interpreted_class, path, args)
+    in_child(check_tokenizer, path, args.trust_remote_code)
     files = file_stats(path)  # before hashing: a write from here on shows at publishing
     if source == "hub":
         identity = f"hub:{args.model_id}@{revision_resolved}"
@@ -113,7 +119,7 @@ def fetch(args: ModelArgs, weights: bool = True) -> FetchedModel:
         size_bytes=folder_size(path),
         parameters=parameter_count(path),
         trust_remote_code=args.trust_remote_code,
-        model_class=in_child(loading_class, path, args),
+        model_class=model_class,
         files=files,
     )
 

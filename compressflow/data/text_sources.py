@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from compressflow.data.tokenizer import render_messages
 from compressflow.data.user_code import import_callable
-from compressflow.errors import DatasetError
+from compressflow.errors import DatasetError, interpreting
 from compressflow.limits import not_regular
 from compressflow.params import DatasetArgs
 from compressflow.registries.datasets import ALIASES, SHORTCUTS, lookup
@@ -211,12 +211,30 @@ def check_local(path: Path) -> None:
 
 def load_local(path: Path, split: str):
     """A local file or folder of data files as a Dataset; every reader failure a DatasetError."""
-    import datasets
-
     check_local(path)
     suffix = path.suffix.lower()
     builder = FILE_BUILDERS.get(suffix)
     fix = FOLDER_FIX if path.is_dir() else UNREADABLE_FIXES[suffix]
+    # The clauses below word what the readers are known to raise; anything else they raise
+    # reading it is the file's fault too, never a defect of the stage.
+    reading = interpreting(
+        "dataset.dataset_name", path, DatasetError, "'{source}' cannot be read", fix, reader_said
+    )
+    with reading:
+        dataset = _read_local(path, split, suffix, builder, fix)
+    if len(dataset) == 0:
+        raise DatasetError(
+            "dataset.dataset_name",
+            f"'{path}' holds no rows",
+            "point it at a file with calibration text (one sample per paragraph or JSON line)",
+        )
+    return dataset
+
+
+def _read_local(path: Path, split: str, suffix: str, builder: str | None, fix: str):
+    """`load_local`'s read, with what the readers are known to raise worded."""
+    import datasets
+
     try:
         if path.is_dir():
             dataset = load_folder(path, split)
@@ -254,12 +272,6 @@ def load_local(path: Path, split: str):
                 "dataset.dataset_name", f"'{path}' cannot be read: {said}", fix
             ) from exc
         dataset = []  # e.g. a CSV with only its header row
-    if len(dataset) == 0:
-        raise DatasetError(
-            "dataset.dataset_name",
-            f"'{path}' holds no rows",
-            "point it at a file with calibration text (one sample per paragraph or JSON line)",
-        )
     return dataset
 
 

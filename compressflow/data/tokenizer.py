@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 
-from compressflow.errors import DatasetError, ModelFetchError, first_line
+from compressflow.errors import DatasetError, ModelFetchError, first_line, interpreting
 from compressflow.logs import run_logger
 from compressflow.registries.datasets import SHAREGPT_ROLES
 from compressflow.results import FetchedModel
@@ -24,20 +24,38 @@ MAX_CHARS_PER_TOKEN = 64
 
 def load_tokenizer(model: FetchedModel):
     """The model's tokenizer; a tokenizer its files cannot build is the model folder's fault."""
+    return tokenizer_at(model.path, model.trust_remote_code)
+
+
+def tokenizer_at(path, trust_remote_code: bool = False):
+    """The tokenizer in folder `path`, built and used once on a plain text with the options the
+    dataset's tokenization passes: a setting that loads but fails at first use (a
+    `model_max_length` of text, a `model_input_names` that is no list) is refused with the rest,
+    naming the files, not at tokenization as a defect."""
     from transformers import AutoTokenizer
 
-    try:
-        return AutoTokenizer.from_pretrained(model.path, trust_remote_code=model.trust_remote_code)
-    # Broad on purpose: the tokenizers library's parser raises a bare Exception for a file of the
-    # wrong shape ("data did not match any variant of untagged enum ModelUntagged"), transformers
-    # a ValueError, TypeError, AttributeError or KeyError for settings of the wrong type.
-    except Exception as exc:
-        raise ModelFetchError(
-            "model.model_id",
-            f"the tokenizer in {model.path} cannot be built from its files: {first_line(exc)}",
-            "replace tokenizer.json, tokenizer_config.json and special_tokens_map.json with the "
-            "original model's (its hub repository has them), or remove the one the message names",
-        ) from exc
+    # Whatever it raises is the files' fault: the tokenizers library's parser raises a bare
+    # Exception for a file of the wrong shape ("data did not match any variant of untagged enum
+    # ModelUntagged"), transformers a ValueError, TypeError, AttributeError or KeyError for
+    # settings of the wrong type.
+    with interpreting(
+        "model.model_id",
+        path,
+        ModelFetchError,
+        "the tokenizer in {source} cannot be built from its files",
+        fix="replace tokenizer.json, tokenizer_config.json and special_tokens_map.json with the "
+        "original model's (its hub repository has them), or remove the one the message names",
+    ):
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        tokenizer(["Hello."], max_length=8, truncation=True, return_token_type_ids=False)
+        tokenizer("Hello.")  # as verification and a server call it: against model_max_length
+    return tokenizer
+
+
+def check_tokenizer(path, trust_remote_code: bool = False) -> None:
+    """`tokenizer_at`, for the fetch's child: refuses, returns nothing (a tokenizer pickled back
+    would cost more than building it)."""
+    tokenizer_at(path, trust_remote_code)
 
 
 def load_processor(model: FetchedModel):

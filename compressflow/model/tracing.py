@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from compressflow import compat
-from compressflow.errors import RecipeError, TraceabilityError
+from compressflow.errors import ModelFetchError, RecipeError, TraceabilityError, interpreting
 from compressflow.logs import run_logger
 from compressflow.results import FetchedModel, RenderedRecipe, TraceReport
 
@@ -38,12 +38,22 @@ def meta_model(config, model_class: str = "AutoModelForCausalLM", trust_remote_c
             f"'{model_class}' is not a transformers class",
             "use one such as AutoModelForCausalLM",
         )
-    with init_empty_weights():
+    # The class refusing what config.json sets (a rope setting, a dtype) is the file's fault.
+    folder = getattr(config, "name_or_path", "")
+    also = "" if model_class.startswith("Auto") else f", or check model.model_class ({model_class})"
+    with (
+        interpreting(
+            "model.model_id",
+            Path(folder) / "config.json" if folder else "the model's config.json",
+            ModelFetchError,
+            "transformers cannot build the model class from",
+            more=also,
+        ),
+        init_empty_weights(),
+    ):
         if hasattr(cls, "from_config"):  # an Auto class: it resolves the concrete class
             return cls.from_config(config, trust_remote_code=trust_remote_code)
-        return compat.model_from_config(
-            cls, config
-        )  # a concrete class: the config already names its code
+        return compat.model_from_config(cls, config)  # a concrete class: the config names its code
 
 
 def unloaded_tensors(folder, model_class: str, trust_remote_code: bool) -> set[str]:

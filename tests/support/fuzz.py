@@ -818,11 +818,28 @@ def file_mutations(files: list[str]) -> st.SearchStrategy:
     )
 
 
-config_edits = st.builds(
-    EditJson,
-    st.just("config.json"),
-    st.sampled_from(CONFIG_KEYS),
-    st.sampled_from([*WRONG_VALUES, DELETE]),
+# Values that parse and that AutoConfig reads, but that the model class refuses when it is built
+# (or whose rope table lacks them): the file's fault, never a StageDefect (issue 55).
+CLASS_REJECTS = [
+    ("rope_parameters.rope_type", "nonsense"),
+    ("rope_parameters.rope_type", "linear"),  # without its factor
+    ("rope_parameters.factor", "two"),  # a default rope ignores it: passes
+    ("rope_scaling", {"rope_type": "linear"}),
+    ("rope_scaling", {"rope_type": "dynamic"}),
+    ("dtype", "int8"),
+    ("dtype", "bool"),
+    ("dtype", "complex64"),
+    ("dtype", "foo"),
+    ("torch_dtype", "int32"),  # beside dtype, which wins: passes
+]
+config_edits = st.one_of(
+    st.builds(
+        EditJson,
+        st.just("config.json"),
+        st.sampled_from(CONFIG_KEYS),
+        st.sampled_from([*WRONG_VALUES, DELETE]),
+    ),
+    st.builds(lambda change: EditJson("config.json", *change), st.sampled_from(CLASS_REJECTS)),
 )
 stray_files = st.builds(
     Add,

@@ -140,6 +140,13 @@ def test_remote_code_model_needs_trust_remote_code(tiny_model, tmp_path):
     folder = copy_model(tiny_model, tmp_path, auto_map={"AutoModelForCausalLM": "modeling.Custom"})
     with pytest.raises(ModelFetchError, match="trust_remote_code: true"):
         fetch(ModelArgs(model_id=str(folder)))
+    # Trusted, its class is built from the folder's own code at fetch: without that code the
+    # folder is refused there, naming the file, not as a defect of the memory plan.
+    with pytest.raises(ModelFetchError, match="cannot build the model class.*modeling.py"):
+        fetch(ModelArgs(model_id=str(folder), trust_remote_code=True))
+    (folder / "modeling.py").write_text(
+        "from transformers import LlamaForCausalLM\n\n\nclass Custom(LlamaForCausalLM):\n    pass\n"
+    )
     assert fetch(ModelArgs(model_id=str(folder), trust_remote_code=True)).trust_remote_code
 
 

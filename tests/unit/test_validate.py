@@ -435,3 +435,66 @@ def test_broken_files_users_do_not_notice_are_refused_in_seconds(
         "binary dataset file": {"dataset": {"dataset_name": str(broken / "binary.txt")}},
     }[case]
     assert_refused_fast(models, tmp_path, changes, error, words)
+
+
+# Settings that parse but that the library refuses when it interprets them: the model class
+# built from config.json, the tokenizer built and used. Each is the model's files' refusal
+# (field, file, key, the library's words, fix), never `StageDefect`, before anything is written.
+INTERPRETED = {
+    "rope type the class does not know": (
+        "config.json",
+        {"rope_parameters": {"rope_type": "nonsense", "rope_theta": 10000.0}},
+        ["build the model class", "rope_parameters.rope_type", "KeyError: 'nonsense'"],
+    ),
+    "rope_scaling linear without its factor": (
+        "config.json",
+        {"rope_scaling": {"rope_type": "linear"}},
+        ["rope_scaling.rope_type", "'factor'", "correct rope_scaling.rope_type in config.json"],
+    ),
+    "dtype int8": ("config.json", {"dtype": "int8"}, ["its key dtype", "not a floating-point"]),
+    "dtype bool": ("config.json", {"dtype": "bool"}, ["its key dtype", "torch.bool"]),
+    "torch_dtype int8": (
+        "config.json",
+        {"dtype": None, "torch_dtype": "int8"},
+        ["its key torch_dtype", "correct torch_dtype in config.json"],
+    ),
+    "model_max_length of text": (
+        "tokenizer_config.json",
+        {"model_max_length": "abc"},
+        ["the tokenizer in", "cannot be built from its files", "'int' and 'str'"],
+    ),
+    "model_input_names not a list": (
+        "tokenizer_config.json",
+        {"model_input_names": 5},
+        ["the tokenizer in", "not iterable"],
+    ),
+}
+
+
+def interpreted_variant(source, root, case: str, weights: bool = False) -> str:
+    """The tiny model with one of INTERPRETED's changes (a None value removes the key)."""
+    file, changes, _ = INTERPRETED[case]
+    folder = root / case.replace(" ", "-")
+    ignore = None if weights else shutil.ignore_patterns("*.safetensors")
+    shutil.copytree(source, folder, ignore=ignore)
+    settings = {**json.loads((folder / file).read_text()), **changes}
+    (folder / file).write_text(json.dumps({k: v for k, v in settings.items() if v is not None}))
+    return str(folder)
+
+
+@pytest.mark.parametrize("case", INTERPRETED)
+def test_settings_the_library_refuses_are_the_files_fault(tiny_model, tmp_path, case):
+    model = interpreted_variant(tiny_model, tmp_path, case)
+    _, _, words = INTERPRETED[case]
+    assert_refused_fast({"plain": model}, tmp_path, {}, ModelFetchError, ["model.model_id", *words])
+
+
+def test_the_flows_fetch_refuses_them_before_the_dataset(tiny_model, tmp_path):
+    """With weights, as the flow fetches: refused by the fetch (in its child), not as a defect
+    of a later stage (the weights' check, the memory plan)."""
+    from compressflow.tasks.fetch_model import fetch
+
+    for case in ("rope type the class does not know", "dtype int8"):
+        model = interpreted_variant(tiny_model, tmp_path, case, weights=True)
+        with pytest.raises(ModelFetchError, match="transformers cannot build the model class"):
+            fetch(ModelArgs(model_id=model))
