@@ -22,12 +22,17 @@ Modules = dict[str, tuple[str, ...]]
 
 def header_modules(folder: Path) -> Modules:
     """Module name -> ("Linear",) / ("Embedding",) / () from the checkpoint's headers; empty
-    when the folder holds no safetensors (a model fetched without its weights)."""
+    when the folder holds no safetensors (a model fetched without its weights). The modules
+    that hold them are listed too, with no class: a recipe may target a parent by name
+    (SparseGPT's `re:.*layers.0$` prunes that decoder layer's Linear layers)."""
     modules: Modules = {}
     for tensor, info in tensor_index(folder).items():
         module, _, leaf = tensor.rpartition(".")
         if leaf != "weight" or not module:
             continue
+        parts = module.split(".")
+        for depth in range(1, len(parts)):
+            modules.setdefault(".".join(parts[:depth]), ())
         if len(info.shape) != 2:
             modules[module] = ()
         else:

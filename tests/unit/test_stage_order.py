@@ -119,6 +119,15 @@ def test_pruning_what_was_quantized_is_refused_and_the_other_order_passes(tiny_m
 
 
 @pytest.mark.parametrize("meta", [False, True])
+def test_pruning_a_decoder_layer_by_name_touches_the_layers_inside_it(tiny_model, meta):
+    # llm-compressor's tests/sparsity recipes aim SparseGPT at a decoder layer by its name: the
+    # headers name no tensor there, yet its projections were quantized first.
+    with pytest.raises(RecipeError, match=r"model\.layers\.0\.self_attn\.k_proj"):
+        check([on(QUANTIZE, ATTENTION), on(PRUNE, r"re:.*layers\.0$")], tiny_model, meta)
+    check([on(PRUNE, r"re:.*layers\.0$"), on(QUANTIZE, ATTENTION)], tiny_model, meta)
+
+
+@pytest.mark.parametrize("meta", [False, True])
 def test_the_same_pair_on_disjoint_layers_passes_in_both_orders(tiny_model, meta):
     check([on(QUANTIZE, ATTENTION), on(PRUNE, MLP)], tiny_model, meta)
     check([on(PRUNE, MLP), on(QUANTIZE, ATTENTION)], tiny_model, meta)
