@@ -120,7 +120,7 @@ def test_pruning_what_was_quantized_is_refused_and_the_other_order_passes(tiny_m
 
 @pytest.mark.parametrize("meta", [False, True])
 def test_pruning_a_decoder_layer_by_name_touches_the_layers_inside_it(tiny_model, meta):
-    # llm-compressor's tests/sparsity recipes aim SparseGPT at a decoder layer by its name: the
+    # llm-compressor's own SparseGPT test recipes aim it at a decoder layer by its name: the
     # headers name no tensor there, yet its projections were quantized first.
     with pytest.raises(RecipeError, match=r"model\.layers\.0\.self_attn\.k_proj"):
         check([on(QUANTIZE, ATTENTION), on(PRUNE, r"re:.*layers\.0$")], tiny_model, meta)
