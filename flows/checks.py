@@ -33,6 +33,7 @@ from compressflow.model.hardware import (
     refuse_unsupported,
 )
 from compressflow.model.loading import check_loads_completely
+from compressflow.model.methods_fit import refuse_unfit_methods
 from compressflow.params import DatasetArgs, HeldOutArgs
 from compressflow.recipes.render import fill
 from compressflow.registries.datasets import lookup
@@ -191,6 +192,7 @@ def resolve_inputs(run: Runner, args: RunArgs, weights: bool = True) -> Inputs:
         choose(rendered, args.target).check(rendered, args.target)
         fetched = run(fetch_model, model, weights)
     refuse_fp4_on_float32(rendered, fetched)
+    refuse_unfit_methods(rendered, fetched, recipe)  # experts to prune, widths to rotate
     rendered = run(adapt_recipe, rendered, fetched)
     target = output_path(output, fetched, rendered)
     # The model as fetched (a hub snapshot's cache), and the default output now known.

@@ -46,6 +46,17 @@ class RecipeArgs(Args):
         "AVX-512 or AMX only). off: the KV cache stays in the model's dtype, unless the recipe "
         "says otherwise.",
     )
+    prune_experts: float = Field(
+        default=0,
+        ge=0,
+        lt=1,
+        description="Mixture-of-experts models only: the fraction of experts to drop from every "
+        "MoE layer before quantizing (REAP: the experts whose router-weighted output is smallest "
+        "on the calibration samples), e.g. 0.25 keeps 6 of 8. The checkpoint is smaller and "
+        "vLLM serves it as the same MoE with fewer experts. 0: off. Refused before calibration "
+        "for a dense model, and for a fraction that drops no expert or leaves fewer experts than "
+        "the router picks per token.",
+    )
     pipeline: Literal["auto", "independent", "sequential", "basic", "datafree"] = Field(
         default="auto",
         description="Calibration pipeline; auto: llm-compressor picks one from the recipe.",

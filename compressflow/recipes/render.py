@@ -21,6 +21,9 @@ from compressflow.store.identity import recipe_sha256
 # Pipelines llm-compressor runs as asked; the others are inferred from the modifiers.
 _EXPLICIT_PIPELINES = ("basic", "datafree")
 KV_CACHE_FIELD = "recipe.kv_cache"
+PRUNE_FIELD = "recipe.prune_experts"
+REAP = "REAPPruningModifier"
+PRUNE_STAGE = "expert_pruning_stage"
 
 
 def fill(args: RecipeArgs) -> tuple[dict[str, Any], str, str | None, dict[str, Any]]:
@@ -38,10 +41,32 @@ def fill(args: RecipeArgs) -> tuple[dict[str, Any], str, str | None, dict[str, A
             given = values.get("kv_cache_scheme")
             values["kv_cache_scheme"] = kv_cache_scheme(args, given, ARGS_FIELD)
     recipe = to_recipe_dict(substitute(data, values))
+    if args.prune_experts:
+        recipe = with_expert_pruning(recipe, args.prune_experts)
     check_patterns(recipe, args.sequential_targets)
     if not preset_name and args.kv_cache != "off":
         add_kv_cache(recipe, args)
     return recipe, source, preset_name, values
+
+
+def with_expert_pruning(recipe: dict[str, Any], fraction: float) -> dict[str, Any]:
+    """`recipe` after a first stage that drops `fraction` of each MoE layer's experts (REAP).
+
+    First, as llm-compressor's REAP examples order it: the quantizer then calibrates only the
+    experts kept. Whether the model has experts to drop is the model's to say: checked once it
+    is fetched (compressflow/model/methods_fit.py).
+    """
+    given = [where for where, name, _ in iter_modifiers(recipe) if name == REAP]
+    if given or PRUNE_STAGE in recipe:
+        raise RecipeError(
+            PRUNE_FIELD,
+            f"prune_experts is {fraction}, and the recipe already has "
+            f"{f'a {REAP} in {given[0]}' if given else f'a stage named {PRUNE_STAGE}'}",
+            f"keep one: set recipe.prune_experts to 0, or remove the recipe's own {REAP}"
+            if given
+            else f"rename the recipe's {PRUNE_STAGE}, or set recipe.prune_experts to 0",
+        )
+    return {PRUNE_STAGE: {"pruning_modifiers": {REAP: {"sparsity": fraction}}}, **recipe}
 
 
 def kv_cache_scheme(args: RecipeArgs, given: Any, where: str) -> dict[str, Any]:

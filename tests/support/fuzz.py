@@ -1127,6 +1127,20 @@ def _order_pairs() -> list[dict]:
 
 
 OTHER_MODIFIERS += _order_pairs()
+# Issue 57's methods, as llm-compressor's examples write them: rotations, 2:4 and unstructured
+# sparsity (to be refused before calibration: vLLM 0.32 serves no sparse checkpoint; until that
+# refusal lands either outcome holds the property) and expert pruning (the tiny Llama is dense:
+# refused), each alone (`alone`) and before or beside every preset's modifiers.
+METHODS = [
+    {"QuIPModifier": {"transform_type": "hadamard", "transform_block_size": 128}},
+    {"SpinQuantModifier": {"rotations": ["R1", "R2"], "transform_type": "hadamard"}},
+    {"SparseGPTModifier": {"sparsity": 0.5, "mask_structure": "2:4", "targets": ["Linear"]}},
+    {"WandaPruningModifier": {"sparsity": 0.5, "targets": ["Linear"], "ignore": ["lm_head"]}},
+    {"REAPPruningModifier": {"sparsity": 0.25}},
+]
+OTHER_MODIFIERS += METHODS
+# recipe.prune_experts: valid fractions (refused on the dense tiny Llama), and out of range.
+PRUNE_EXPERTS = [0.25, 0.5, 0.01, -0.25, 1, 1.5, float("nan"), "0.25", "x", True]
 MODIFIER_FIELDS = [
     "targets",
     "scheme",
@@ -1195,6 +1209,8 @@ def _apply_recipe_edit(tree: Any, edit: _Edit) -> Any:
         tree = {edit.name: {"modifiers": value}, **tree}
     elif edit.kind == "list" and isinstance(stage, dict):  # the list form
         tree = [{name: kwargs} for name, kwargs in stage.items()] + [value]
+    elif edit.kind == "alone":  # the method as the whole recipe
+        tree = {"method_stage": {"method_modifiers": value}}
     elif edit.kind == "nest":
         for _ in range(int(edit.value)):
             tree = {edit.name: tree}
@@ -1275,8 +1291,11 @@ def recipe_cases(draw) -> RecipeCase:
                 max_size=2,
             )
         )
+        recipe = {"recipe": preset, "recipe_args": args}
+        if draw(st.booleans()):
+            recipe["prune_experts"] = draw(st.sampled_from(PRUNE_EXPERTS))
         return RecipeCase(
-            {"recipe": preset, "recipe_args": args},
+            recipe,
             target=draw(targets),
             calibration=draw(calibrations),
         )
@@ -1288,7 +1307,7 @@ def recipe_cases(draw) -> RecipeCase:
             calibration=draw(calibrations),
         )
     tree = _preset_tree(
-        draw(st.sampled_from(["W4A16", "W8A8", "FP8_DYNAMIC", "W4AFP8", "NVFP4A16"]))
+        draw(st.sampled_from(["W4A16", "W8A8", "FP8_DYNAMIC", "W4AFP8", "NVFP4A16", "W4A16_QUIP"]))
     )
     edit = st.one_of(
         st.builds(
@@ -1303,6 +1322,7 @@ def recipe_cases(draw) -> RecipeCase:
             st.just(""),
             st.sampled_from(OTHER_MODIFIERS),
         ),
+        st.builds(_Edit, st.just("alone"), st.just(""), st.sampled_from(METHODS)),
         st.builds(
             _Edit,
             st.just("stage"),

@@ -193,3 +193,120 @@ def test_the_cli_lists_every_preset_with_its_hardware(capsys):
         assert f"{name}: " in listed
         assert preset.vllm_gpus in listed
     assert "CPU worker here: no" in listed  # AWQ is marked GPU-only
+
+
+# ---------------------------------------------------------------- structural methods
+
+
+def modifiers_of(rendered) -> list[tuple[str, dict]]:
+    return [(name, kwargs) for _, name, kwargs in iter_modifiers(yaml.safe_load(rendered.yaml))]
+
+
+def test_w4a16_quip_rotates_as_llm_compressors_example_then_quantizes_with_gptq():
+    rendered = render(RecipeArgs(preset="W4A16_QUIP", recipe_args={"ignore": ["lm_head", "x"]}))
+    [(quip, rotation), (gptq, quantization)] = modifiers_of(rendered)
+    assert (quip, gptq) == ("QuIPModifier", "GPTQModifier")
+    assert rotation["transform_type"] == "hadamard" and rotation["transform_block_size"] == 128
+    assert rotation["rotations"] == ["v"] and quantization["scheme"] == "W4A16"
+    assert rotation["ignore"] == quantization["ignore"] == ["lm_head", "x"]  # one `ignore`
+
+
+@pytest.mark.parametrize("preset", ["W4A16", "FP8_DYNAMIC", "W4A16_QUIP"])
+def test_prune_experts_adds_a_reap_stage_before_the_presets_quantization(preset):
+    rendered = render(RecipeArgs(preset=preset, prune_experts=0.25))
+    assert rendered.modifiers[0] == "REAPPruningModifier"
+    assert modifiers_of(rendered)[0][1] == {"sparsity": 0.25}
+    assert rendered.modifiers[1:] == render(RecipeArgs(preset=preset)).modifiers
+    assert rendered.needs_data and rendered.pipeline == "sequential"  # REAP routes samples
+    assert "REAPPruningModifier" not in render(RecipeArgs(preset=preset)).yaml  # 0: off
+
+
+def test_prune_experts_goes_before_your_own_recipe_and_refuses_a_second_reap():
+    own = {"quant_stage": {"quant_modifiers": {"QuantizationModifier": {"scheme": "W8A8"}}}}
+    rendered = render(RecipeArgs(recipe=own, prune_experts=0.5))
+    assert rendered.modifiers == ["REAPPruningModifier", "QuantizationModifier"]
+    reap = {"s_stage": {"s_modifiers": {"REAPPruningModifier": {"sparsity": 0.25}}}, **own}
+    with pytest.raises(RecipeError) as raised:
+        render(RecipeArgs(recipe=reap, prune_experts=0.5))
+    assert raised.value.field == "recipe.prune_experts"
+    assert "s_stage.s_modifiers" in raised.value.problem and "0" in raised.value.fix
+
+
+@pytest.mark.parametrize("fraction", [-0.1, 1, 1.5, float("nan")])
+def test_prune_experts_outside_zero_to_one_is_refused_by_the_form(fraction):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="prune_experts"):
+        RecipeArgs(preset="W4A16", prune_experts=fraction)
+
+
+def params(model: Path, tmp_path: Path, **recipe) -> dict:
+    return dict(
+        model={"model_id": str(model)},
+        dataset={"dataset_name": "python_docs", "text_samples": 8, "max_seq_len": 64},
+        recipe=recipe,
+        output={"save_directory": str(tmp_path / "out")},
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_mixtral(zoo_root) -> Path:
+    from compressflow.demo.zoo import build_tiny
+
+    return build_tiny("mixtral", zoo_root)  # 4 experts a layer, the router picks 2
+
+
+@pytest.mark.parametrize(
+    "fraction, words",
+    [
+        (0.1, "drops no expert of 4 (num_local_experts)"),
+        (0.75, "leaves 1 expert(s) reachable of 4 (num_local_experts), fewer than the 2"),
+    ],
+)
+def test_prune_experts_that_reap_would_refuse_after_loading_is_refused_first(
+    tiny_mixtral, tmp_path, fraction, words
+):
+    with pytest.raises(RecipeError) as raised:
+        validate(**params(tiny_mixtral, tmp_path, preset="W4A16", prune_experts=fraction))
+    assert raised.value.field == "recipe.prune_experts" and words in raised.value.problem
+    assert "from 0.25 (one expert) up to below 0.75" in raised.value.fix
+    assert not (tmp_path / "out").exists()
+    validate(**params(tiny_mixtral, tmp_path, preset="W4A16", prune_experts=0.5))  # keeps 2
+
+
+def test_prune_experts_on_a_dense_model_is_refused_before_calibration(tiny_model, tmp_path):
+    with pytest.raises(RecipeError) as raised:
+        validate(**params(tiny_model, tmp_path, preset="W4A16", prune_experts=0.25))
+    assert raised.value.field == "recipe.prune_experts"
+    assert "is dense" in raised.value.problem and "num_local_experts" in raised.value.problem
+    # The same refusal for a REAP of the user's own recipe, naming the recipe.
+    own = {"p_stage": {"p_modifiers": {"REAPPruningModifier": {"sparsity": 0.25}}}}
+    with pytest.raises(RecipeError, match="is dense") as raised:
+        validate(**params(tiny_model, tmp_path, recipe=own))
+    assert raised.value.field == "recipe.recipe"
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_rotation_a_layers_width_cannot_take_is_refused_naming_the_layer(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from compressflow.model.methods_fit import refuse_unrotatable
+
+    save_file(
+        {
+            "model.layers.0.mlp.down_proj.weight": torch.zeros(128, 96),
+            "model.layers.0.mlp.up_proj.weight": torch.zeros(96, 128),
+            "lm_head.weight": torch.zeros(10, 96),
+        },
+        str(tmp_path / "model.safetensors"),
+    )
+    quip = {"transform_type": "hadamard", "transform_block_size": 128, "ignore": "lm_head"}
+    with pytest.raises(RecipeError) as raised:
+        refuse_unrotatable(tmp_path, quip, "recipe.preset")
+    assert "1 layer(s)" in raised.value.problem and "down_proj (96)" in raised.value.problem
+    assert "a multiple of its Hadamard block, 128" in raised.value.problem
+    refuse_unrotatable(tmp_path, {**quip, "transform_block_size": 32}, "recipe.preset")
+    refuse_unrotatable(tmp_path, {**quip, "ignore": ["lm_head", "re:.*down_proj"]}, "x")
+    with pytest.raises(RecipeError, match="power of two"):  # no block: the whole width
+        refuse_unrotatable(tmp_path, {**quip, "transform_block_size": None}, "recipe.preset")
