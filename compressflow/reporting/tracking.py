@@ -105,8 +105,11 @@ class Tracker:
 
     def params(self, section: str, values: dict[str, Any]) -> None:
         """Hyperparameters under `section` (shown in the ClearML CONFIGURATION tab)."""
+        # Keys as text: ClearML's connect takes a dict as keyword arguments, and a numbered one
+        # (a recipe's notes) failed with "keywords must be strings", switching tracking off.
         flat = {
-            k: v if isinstance(v, (int, float, bool, str)) else str(v) for k, v in values.items()
+            str(k): v if isinstance(v, (int, float, bool, str)) else str(v)
+            for k, v in values.items()
         }
         self._call("connect", "connect", flat, name=section)
 

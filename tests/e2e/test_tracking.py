@@ -183,11 +183,13 @@ def test_unreachable_server_still_publishes_in_bounded_time_without_leaking_keys
 
 def test_tables_are_logged_without_pandas_in_the_flows_process(tmp_path):
     """clearml imports pandas and pyarrow only for what compressflow does not use; the flow's
-    process leaves them out (issue 23) and a table still reaches the session, NaN spelled out."""
+    process leaves them out (issue 23) and a table still reaches the session, NaN spelled out.
+    Numbered parameters (a recipe's notes) are logged too, not tracking's end."""
     script = """
 import json, sys
 from compressflow.reporting.tracking import open_run
 with open_run("p", "table", []) as tracker:
+    tracker.params("recipe_notes", {0: "first note", 1: "second"})
     tracker.table("t", [{"a": 1.5, "b": float("nan")}, {"a": 2, "c": "x"}])
     link = tracker.link()
 print(json.dumps([link, tracker.failures, "pandas" in sys.modules,
@@ -201,6 +203,7 @@ print(json.dumps([link, tracker.failures, "pandas" in sys.modules,
     assert run.returncode == 0, run.stderr
     link, failures, pandas, pyarrow = json.loads(run.stdout.splitlines()[-1])
     assert (failures, pandas, pyarrow) == ([], False, False)
+    assert hyperparams(Path(link))["recipe_notes"] == {"0": "first note", "1": "second"}
     lines = (Path(link) / "metrics.jsonl").read_text().splitlines()
     plots = [
         json.loads(e["plot_str"]) for line in lines for e in json.loads(line) if e["metric"] == "t"
