@@ -63,7 +63,9 @@ class Architecture:
         default=(),
         metadata={
             "help": "nn.Linear subclasses with Linear's own forward: calibrated as plain "
-            "nn.Linear, since compressed-tensors saves unknown subclasses unpacked (dense)."
+            "nn.Linear, since compressed-tensors saves unknown subclasses unpacked (dense), and "
+            "leaves one that stays unquantized off the saved ignore list, so the reload "
+            "quantizes it (a `Linear` target matches subclasses)."
         },
     )
     expert_renames: tuple[tuple[str, str], ...] = field(
@@ -208,5 +210,12 @@ ARCHITECTURES: dict[str, Architecture] = {
             (LANGUAGE_MODEL[1][0], _LANGUAGE + r"\.pre_feedforward_layernorm$"),
         ),
         sequential_targets=("Gemma3DecoderLayer",),
+        # A SigLIP tower with its attention-pool head (`vision_use_head`, which SigLIP's config
+        # reads as true when absent) holds an nn.MultiheadAttention whose out_proj is this
+        # subclass: left unquantized with the tower, it was saved off the ignore list, and the
+        # reload quantized it ("'NonDynamicallyQuantizableLinear' object has no attribute
+        # 'weight'": MultiheadAttention reads out_proj.weight itself). As plain nn.Linear it is
+        # saved on the ignore list and reloads in 16 bits with the rest of the tower.
+        linear_classes=("NonDynamicallyQuantizableLinear",),
     ),
 }

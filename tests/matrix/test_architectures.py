@@ -20,7 +20,12 @@ import pytest
 from datasets import Dataset
 from PIL import Image
 from support.family_rules import assert_rule_reaches_the_recipe
-from support.models import ARCHITECTURE_NAMES, RANDOM_WEIGHTS, cpu_has
+from support.models import (
+    ARCHITECTURE_NAMES,
+    RANDOM_WEIGHTS,
+    build_gemma3_pooling_head,
+    cpu_has,
+)
 from support.reload_check import assert_published_model_matches_base
 
 from compressflow.data.local_text import python_docs
@@ -35,6 +40,7 @@ from compressflow.results import FetchedModel, ServingCheck
 from compressflow.store.manifest import read_manifest
 
 PRESETS = ["W4A16", "W8A8", "FP8_DYNAMIC"]
+POOLING_HEAD = "gemma3_pooling_head"  # support.models.build_gemma3_pooling_head
 MOE = [name for name, tiny in ZOO.items() if tiny.family == "moe"]
 
 # Cells that refuse by design, with words their error must hold; every other cell publishes.
@@ -57,7 +63,7 @@ VLLM_NOT_CHECKED: dict[tuple[str, str], str] = {
     ("deepseek_v3", "W8A8"): "no kernel for quantized MoE experts",
     **{
         (name, p): "cannot inspect vision models"
-        for name in ("llava", "qwen2_5_vl", "gemma3")
+        for name in ("llava", "qwen2_5_vl", "gemma3", POOLING_HEAD)
         for p in PRESETS
     },
     # vLLM's processing of Mllama calls a method transformers' MllamaProcessor lacks.
@@ -209,6 +215,36 @@ def test_vision_calibration_publishes_a_verified_model_or_refuses_clearly(
     published = compress(**params)
     assert read_manifest(Path(published.path)).verification.passed
     assert_published_model_matches_base(Path(published.path), source, model_class(name))
+
+
+# Gemma 3 with its SigLIP tower's attention-pool head, whose nn.MultiheadAttention out_proj the
+# model's class cannot reload quantized (issue 57): every preset publishes it with the tower in
+# 16 bits, on images where the preset calibrates (tests/e2e/test_gemma3.py runs W4A16 on text).
+@pytest.mark.parametrize(
+    "preset, data", [("W4A16", "images"), ("W8A8", "text"), ("FP8_DYNAMIC", "text")]
+)
+def test_gemma3_with_a_pooling_head_publishes_with_every_preset(
+    prefect_harness, zoo_root, tmp_path, preset, data
+):
+    source = build_gemma3_pooling_head(zoo_root)
+    dataset = DatasetArgs(text_samples=16, max_seq_len=128)
+    if data == "images":
+        dataset = DatasetArgs(
+            dataset_loader="test_architectures:image_captions",
+            vision_samples=4,
+            text_samples=0,
+            max_seq_len=512,
+        )
+    published = compress(
+        model=ModelArgs(model_id=str(source), model_class=model_class("gemma3")),
+        dataset=dataset,
+        recipe=RecipeArgs(recipe=preset),
+        output=OutputArgs(save_directory=str(tmp_path / "out")),
+        verify=VerifyArgs(vllm="off", **RANDOM_WEIGHTS),
+    )
+    assert read_manifest(Path(published.path)).verification.passed
+    assert_published_model_matches_base(Path(published.path), source, model_class("gemma3"))
+    PUBLISHED[POOLING_HEAD, preset] = (source, Path(published.path))
 
 
 # DeepSeek-V3's zoo model takes ~10 s to build, the other families together less: they run in

