@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from compressflow import compat
 from compressflow.errors import RecipeError, closest
 from compressflow.recipes import ARGS_FIELD, RECIPE_FIELD, order
+from compressflow.recipes.kinds import sparsity_refusal
 from compressflow.recipes.tree import iter_modifiers
 
 if TYPE_CHECKING:
@@ -87,6 +88,20 @@ def _validation_error(exc: ValidationError, recipe: dict[str, Any]) -> RecipeErr
         f"llm-compressor rejects {name} in {where}: {'; '.join(details)}",
         "; ".join(fixes),
     )
+
+
+def check_sparsity(recipe: dict[str, Any]) -> None:
+    """Refuse a sparsity stage (SparseGPT, Wanda, Magnitude pruning with a sparsity above 0):
+    nothing verify serves with can serve its output sparse (compressflow/recipes/kinds.py)."""
+    for where, name, kwargs in iter_modifiers(recipe):
+        if why := sparsity_refusal(name, kwargs):
+            raise RecipeError(
+                RECIPE_FIELD,
+                f"{name} in {where} prunes weights to sparsity, and {why}",
+                f"drop the {name} stage from the recipe (quantization alone, or "
+                "REAPPruningModifier to drop whole MoE experts, makes the model smaller and "
+                "faster in vLLM)",
+            )
 
 
 # Values llm-compressor 0.14 accepts but cannot work with: (low, high, inclusive low), and why.
@@ -214,6 +229,7 @@ def validate(recipe: dict[str, Any]) -> list[Modifier]:
                 f"{closest(str(name), known, cutoff=0.8)}"  # YAML keys may be ints or null
                 f"llm-compressor 0.14's modifiers: {', '.join(known)}",
             )
+    check_sparsity(recipe)  # before the order check, which refuses some sparsity orders
     check_ranges(recipe)
     check_group_sizes(recipe)
     places = [where for where, _, _ in iter_modifiers(recipe)]  # from_dict may change `recipe`

@@ -108,6 +108,26 @@ def _family_of(name: str) -> str:
     return "other"
 
 
+# Limits by method: a recipe's kinds beyond quantization, as compressflow/recipes/kinds.py's
+# `Contract.method()` names them ("rotation", "expert pruning", "rotation+expert pruning"). A
+# method listed here is held to its own limits, measured as MEASURED is (on the yardstick, every
+# seed) and loosened by `limits_from`; a method not listed yet takes its scheme family's.
+METHOD_MEASURED: dict[str, LogitFigures] = {}
+METHOD_DEFAULTS: dict[str, LogitFigures] = {m: limits_from(w) for m, w in METHOD_MEASURED.items()}
+
+
+def default_limits(scheme: str | None, method: str | None = None) -> tuple[LogitFigures, str]:
+    """The limits an output of `scheme` made with `method` is held to, and where they come from
+    in words (what verify's logits check says it used)."""
+    if method and method in METHOD_DEFAULTS:
+        return METHOD_DEFAULTS[method], f"the {method} default" + (f" ({scheme})" if scheme else "")
+    family = scheme_family(scheme)
+    source = f"the {family} default" + (f" ({scheme})" if scheme else "")
+    if method:
+        source += f", as no {method} default is measured yet"
+    return DEFAULTS[family], source
+
+
 def describe() -> str:
     """The defaults in one line, for the parameters' help text."""
     return "; ".join(

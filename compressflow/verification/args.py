@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from compressflow.arguments import Args
-from compressflow.registries.thresholds import DEFAULTS, LogitFigures, describe, scheme_family
+from compressflow.registries.thresholds import LogitFigures, default_limits, describe
 
 _LIMITS = describe()
 
@@ -69,10 +69,11 @@ class VerifyArgs(Args):
         "both models.",
     )
 
-    def logit_limits(self, scheme: str | None) -> LogitFigures:
-        """The limits the logits check applies to an output of `scheme`: the family's defaults,
-        with any limit set here in their place."""
-        family = DEFAULTS[scheme_family(scheme)]
+    def logit_limits(self, scheme: str | None, method: str | None = None) -> LogitFigures:
+        """The limits the logits check applies to an output of `scheme` made with `method` (the
+        recipe's kinds beyond quantization): the method's defaults where measured, else the
+        scheme family's, with any limit set here in their place."""
+        family, _ = default_limits(scheme, method)
         return LogitFigures(
             cosine=self.min_cosine or family.cosine,
             kl=self.max_kl or family.kl,

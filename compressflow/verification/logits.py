@@ -20,9 +20,10 @@ from compressflow.model.headers import tensor_index
 from compressflow.model.offload import load_offloaded
 from compressflow.model.streaming import streamed_model
 from compressflow.params import VerifyArgs
-from compressflow.registries.thresholds import scheme_family
+from compressflow.registries.thresholds import default_limits
 from compressflow.results import Calibration, FetchedModel, MemoryPlan, VerificationCheck
 from compressflow.verification import Check, Verifying
+from compressflow.verification.contract import recipe_contract
 from compressflow.verification.weights import FP8_DTYPES, dequantized, relative_error_in_place
 
 
@@ -156,20 +157,31 @@ def load_reference(calibration: Calibration) -> dict | None:
 
 
 def check_logits(
-    logits: list, reference: dict, args: VerifyArgs, scheme: str | None
+    logits: list, reference: dict, args: VerifyArgs, scheme: str | None, method: str | None = None
 ) -> tuple[VerificationCheck, dict]:
-    """The compressed model's logits against the base's, within the scheme family's limits
-    (compressflow/registries/thresholds.py) or those set in `verify`."""
+    """The compressed model's logits against the base's, within the limits of the recipe's
+    method or scheme family (compressflow/registries/thresholds.py) or those set in `verify`."""
     figures = compare_logits(reference["logits"], logits, reference["input_ids"])
     cosine, kl, top1 = (figures[k] for k in ("cosine", "kl_divergence", "top1_agreement"))
-    limits = args.logit_limits(scheme)
-    passed = cosine >= limits.cosine and kl <= limits.kl and top1 >= limits.top1
+    limits = args.logit_limits(scheme, method)
+    failed = [
+        f"{what} (verify.{arg})"
+        for what, arg, bad in (
+            ("cosine below its minimum", "min_cosine", cosine < limits.cosine),
+            ("KL above its maximum", "max_kl", kl > limits.kl),
+            ("top-1 below its minimum", "min_top1", top1 < limits.top1),
+        )
+        if bad
+    ]
+    passed = not failed
     positions = sum(len(ids) for ids in reference["input_ids"])
     detail = (
         f"cosine {cosine:.4f} (min {limits.cosine}), KL {kl:.4f} nats (max {limits.kl}), "
         f"top-1 {top1:.1%} (min {limits.top1:.0%}) over {positions} positions; limits: "
-        f"{limits_source(args, scheme)}"
+        f"{limits_source(args, scheme, method)}"
     )
+    if failed:
+        detail += f"; failed: {', '.join(failed)}, set in verify to loosen"
     if any(math.isnan(v) for v in figures.values()):
         detail = "the compressed model's logits are not finite (NaN or inf)"
     applied = {"min_cosine": limits.cosine, "max_kl": limits.kl, "min_top1": limits.top1}
@@ -177,13 +189,13 @@ def check_logits(
     return check, {**figures, "logit_limits": applied}
 
 
-def limits_source(args: VerifyArgs, scheme: str | None) -> str:
+def limits_source(args: VerifyArgs, scheme: str | None, method: str | None = None) -> str:
     """Where the logits limits came from, as the check's detail says it."""
     given = [
         f"verify.{name}" for name in ("min_cosine", "max_kl", "min_top1") if getattr(args, name)
     ]
-    family = f"the {scheme_family(scheme)} default" + (f" ({scheme})" if scheme else "")
-    return family + (f", {', '.join(given)} as set" if given else "")
+    _, source = default_limits(scheme, method)
+    return source + (f", {', '.join(given)} as set" if given else "")
 
 
 def logits_check(state: Verifying) -> VerificationCheck | None:
@@ -195,7 +207,10 @@ def logits_check(state: Verifying) -> VerificationCheck | None:
     state.loaded = None  # the last check that reads the model: its memory goes back
     if logits is None:
         return None
-    check, state.figures = check_logits(logits, state.reference, state.args, state.recipe.scheme)
+    method = recipe_contract(state.recipe).method()
+    check, state.figures = check_logits(
+        logits, state.reference, state.args, state.recipe.scheme, method
+    )
     return check
 
 

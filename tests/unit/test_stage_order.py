@@ -42,7 +42,9 @@ NON_UNIFORM = [
     {"QuantizationModifier": {"targets": MLP, "scheme": "W4A16"}},
 ]
 QUANTIZE = {"GPTQModifier": {"targets": "Linear", "scheme": "W4A16", "ignore": ["lm_head"]}}
-PRUNE = {"SparseGPTModifier": {"sparsity": 0.5, "targets": ["Linear"], "ignore": ["lm_head"]}}
+# A sparsity stage is refused at render whatever its order (tests/unit/test_method_contracts.py):
+# the kind that may not follow quantization on the same layers here is a rotation.
+ROTATE = {"QuIPModifier": {"rotations": ["v"], "targets": ["Linear"], "ignore": ["lm_head"]}}
 
 
 def on(modifier: dict, targets) -> dict:
@@ -107,34 +109,34 @@ def test_smoothing_after_quantizing_the_same_layers_is_refused(tiny_model):
 
 
 @pytest.mark.parametrize("meta", [False, True])
-def test_pruning_what_was_quantized_is_refused_and_the_other_order_passes(tiny_model, meta):
+def test_rotating_what_was_quantized_is_refused_and_the_other_order_passes(tiny_model, meta):
     # Written differently (render cannot tell), overlapping on the model: the q projections.
     with pytest.raises(RecipeError) as caught:
-        check([on(QUANTIZE, ATTENTION), on(PRUNE, "re:.*q_proj$")], tiny_model, meta)
+        check([on(QUANTIZE, ATTENTION), on(ROTATE, "re:.*q_proj$")], tiny_model, meta)
     message = str(caught.value)
-    assert "SparseGPTModifier (stage" in message and "zeroes weights" in message
+    assert "QuIPModifier (stage" in message and "rotates weights" in message
     assert "2 common layer(s): model.layers.0.self_attn.q_proj" in message
-    assert "put SparseGPTModifier before GPTQModifier" in message
-    check([on(PRUNE, "re:.*q_proj$"), on(QUANTIZE, ATTENTION)], tiny_model, meta)
+    assert "put QuIPModifier before GPTQModifier" in message
+    check([on(ROTATE, "re:.*q_proj$"), on(QUANTIZE, ATTENTION)], tiny_model, meta)
 
 
 @pytest.mark.parametrize("meta", [False, True])
-def test_pruning_a_decoder_layer_by_name_touches_the_layers_inside_it(tiny_model, meta):
-    # llm-compressor's own SparseGPT test recipes aim it at a decoder layer by its name: the
+def test_rotating_a_decoder_layer_by_name_touches_the_layers_inside_it(tiny_model, meta):
+    # A target may name a decoder layer (llm-compressor's own SparseGPT test recipes do): the
     # headers name no tensor there, yet its projections were quantized first.
     with pytest.raises(RecipeError, match=r"model\.layers\.0\.self_attn\.k_proj"):
-        check([on(QUANTIZE, ATTENTION), on(PRUNE, r"re:.*layers\.0$")], tiny_model, meta)
-    check([on(PRUNE, r"re:.*layers\.0$"), on(QUANTIZE, ATTENTION)], tiny_model, meta)
+        check([on(QUANTIZE, ATTENTION), on(ROTATE, r"re:.*layers\.0$")], tiny_model, meta)
+    check([on(ROTATE, r"re:.*layers\.0$"), on(QUANTIZE, ATTENTION)], tiny_model, meta)
 
 
 @pytest.mark.parametrize("meta", [False, True])
 def test_the_same_pair_on_disjoint_layers_passes_in_both_orders(tiny_model, meta):
-    check([on(QUANTIZE, ATTENTION), on(PRUNE, MLP)], tiny_model, meta)
-    check([on(PRUNE, MLP), on(QUANTIZE, ATTENTION)], tiny_model, meta)
+    check([on(QUANTIZE, ATTENTION), on(ROTATE, MLP)], tiny_model, meta)
+    check([on(ROTATE, MLP), on(QUANTIZE, ATTENTION)], tiny_model, meta)
 
 
 def test_a_class_target_headers_cannot_tell_needs_the_meta_model(tiny_model):
-    recipe = [on(QUANTIZE, ["LlamaDecoderLayer"]), on(PRUNE, ATTENTION)]
+    recipe = [on(QUANTIZE, ["LlamaDecoderLayer"]), on(ROTATE, ATTENTION)]
     rendered = render(RecipeArgs(recipe=text(recipe)))
     assert not order.check_model(rendered.yaml, header_modules(tiny_model), "", False)
     with pytest.raises(RecipeError, match="self_attn"):  # the decoder layer holds them
@@ -143,7 +145,7 @@ def test_a_class_target_headers_cannot_tell_needs_the_meta_model(tiny_model):
 
 def test_the_same_written_targets_are_refused_without_a_model():
     with pytest.raises(RecipeError, match="both touch the same layers"):
-        render(RecipeArgs(recipe=text([QUANTIZE, PRUNE])))
+        render(RecipeArgs(recipe=text([QUANTIZE, ROTATE])))
     with pytest.raises(RecipeError, match="QuIPModifier .* comes after GPTQModifier"):
         render(RecipeArgs(recipe=text([QUANTIZE, {"QuIPModifier": {"targets": "Linear"}}])))
     # Mappings say nothing about layers without the model: left to adapt-recipe.
