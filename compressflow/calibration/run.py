@@ -52,7 +52,7 @@ from compressflow.model.loading import load_complete
 from compressflow.model.offload import load_offloaded
 from compressflow.model.tracing import trace_config
 from compressflow.params import RecipeArgs, VerifyArgs
-from compressflow.registries.architectures import ARCHITECTURES
+from compressflow.registries.architectures import ARCHITECTURES, PLAIN_LINEAR_EVERYWHERE
 from compressflow.reporting.progress import on_subgraph_done, sequential_passes, subgraphs_per_pass
 from compressflow.results import (
     BuiltDataset,
@@ -304,9 +304,9 @@ def calibrate_here(
     )
     reference_seconds = time.perf_counter() - started
     rule = ARCHITECTURES.get(recipe.architecture)
-    if rule and rule.linear_classes:
-        count = as_plain_linear(loaded, rule.linear_classes)
-        log.info("Calibrating %d %s module(s) as nn.Linear", count, "/".join(rule.linear_classes))
+    classes = PLAIN_LINEAR_EVERYWHERE + (rule.linear_classes if rule else ())
+    if count := as_plain_linear(loaded, classes):
+        log.info("Calibrating %d %s module(s) as nn.Linear", count, "/".join(classes))
     kwargs = {}
     if dataset is not None:
         calibration_data = load_from_disk(dataset.path)

@@ -109,6 +109,13 @@ GEMMA: tuple[Mapping, ...] = (
 )
 _FALCON_QKV, _FALCON_MLP = "re:.*self_attention\\.query_key_value$", "re:.*mlp\\.dense_h_to_4h$"
 
+# nn.Linear subclasses every family calibrates as plain nn.Linear (`linear_classes` adds a
+# family's own). torch's nn.MultiheadAttention keeps its out_proj as this one (a SigLIP tower's
+# attention-pool head, Gemma 3's and PaliGemma's): left unquantized with the tower, it was saved
+# off the ignore list and the reload quantized it ("'NonDynamicallyQuantizableLinear' object has
+# no attribute 'weight'": MultiheadAttention reads out_proj.weight itself).
+PLAIN_LINEAR_EVERYWHERE = ("NonDynamicallyQuantizableLinear",)
+
 ARCHITECTURES: dict[str, Architecture] = {
     "gemma2": Architecture(
         why="SmoothQuant with the default mappings destroyed the logits (cosine 0.37, top-1 1%)",
@@ -210,12 +217,5 @@ ARCHITECTURES: dict[str, Architecture] = {
             (LANGUAGE_MODEL[1][0], _LANGUAGE + r"\.pre_feedforward_layernorm$"),
         ),
         sequential_targets=("Gemma3DecoderLayer",),
-        # A SigLIP tower with its attention-pool head (`vision_use_head`, which SigLIP's config
-        # reads as true when absent) holds an nn.MultiheadAttention whose out_proj is this
-        # subclass: left unquantized with the tower, it was saved off the ignore list, and the
-        # reload quantized it ("'NonDynamicallyQuantizableLinear' object has no attribute
-        # 'weight'": MultiheadAttention reads out_proj.weight itself). As plain nn.Linear it is
-        # saved on the ignore list and reloads in 16 bits with the rest of the tower.
-        linear_classes=("NonDynamicallyQuantizableLinear",),
     ),
 }

@@ -352,7 +352,7 @@ def test_the_vision_modules_are_found_on_the_meta_model(zoo, name, vision):
 def siglip_with_head(family: str):
     """A tiny config whose SigLIP tower has its attention-pool head, as SigLIP checkpoints do:
     the head's `out_proj` is a NonDynamicallyQuantizableLinear, which a `Linear` target matches.
-    Gemma3 has a family rule; PaliGemma has none."""
+    Every family calibrates it as plain nn.Linear (PLAIN_LINEAR_EVERYWHERE)."""
     import transformers as T
 
     text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2)
