@@ -1,5 +1,9 @@
 """The yardstick: a small Llama with learned weights, on which quality claims are measured.
 
+`MOE_SPEC` trains the same way a Mixtral-shaped sibling (8 small experts a layer, the router
+picks 2), on which expert pruning (REAP) is judged: dropping experts costs what the trained
+routing makes it cost, which random experts cannot show.
+
 Random weights (`assets.build_tiny_llama`) say nothing about accuracy. This module trains a
 Llama-shaped causal LM, deterministically and offline, on the source code of the Python standard
 library that runs it, and keeps a held-out split (whole files) that neither the tokenizer, the
@@ -33,7 +37,7 @@ two threads whose partner is descheduled spin (four times slower beside another 
 The folder is reused while its key (spec, threads, Python, torch and transformers versions,
 this file's hash) is unchanged.
 
-    python -m compressflow.demo.yardstick [ROOT]   # builds (or finds) it and prints its figures
+    python -m compressflow.demo.yardstick [ROOT] [--moe]   # builds (or finds) it, prints figures
 """
 
 from __future__ import annotations
@@ -56,8 +60,9 @@ from compressflow.store.identity import file_sha256
 SPEC_FILE = "yardstick_spec.json"
 BUILDING = ".yardstick-building"  # in the model folder from a build's start to its marker
 MODEL_DIR = "yardstick-llama"
+MOE_MODEL_DIR = "yardstick-mixtral"  # the model folder of a spec with experts
 # What a build writes under its root, and so may write over (an interrupted build's leftovers).
-OURS = {MODEL_DIR, "calibration.jsonl", "held_out.jsonl", LOCK := ".build.lock"}
+OURS = {MODEL_DIR, MOE_MODEL_DIR, "calibration.jsonl", "held_out.jsonl", LOCK := ".build.lock"}
 TRAINING_THREADS = 2
 
 
@@ -82,6 +87,19 @@ class YardstickSpec:
     held_out_every: int = 10
     calibration_texts: int = 2048
     seed: int = 0
+    # 0: a dense Llama. More: a Mixtral with that many experts per layer (each
+    # `intermediate_size` wide), of which the router picks `experts_per_token`.
+    experts: int = 0
+    experts_per_token: int = 2
+
+    @property
+    def model_dir(self) -> str:
+        return MOE_MODEL_DIR if self.experts else MODEL_DIR
+
+
+# The MoE yardstick: 8 experts 128 wide (the narrowest W4A16's groups of 128 allow), 2 picked per
+# token, so a token's MLP is 256 wide, no costlier to train than the dense one's 384.
+MOE_SPEC = YardstickSpec(intermediate_size=128, experts=8, experts_per_token=2)
 
 
 @dataclass(frozen=True)
@@ -168,9 +186,22 @@ def perplexity(model, tokenizer, texts: list[str], max_len: int) -> float:
 
 def _train(spec: YardstickSpec, tokenizer, train_texts: list[str]):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 
-    config = LlamaConfig(
+    moe = (
+        # The router's load-balancing loss keeps every expert in use: experts the router never
+        # picks would make pruning them free, and the yardstick blind.
+        dict(
+            num_local_experts=spec.experts,
+            num_experts_per_tok=spec.experts_per_token,
+            output_router_logits=True,
+            router_aux_loss_coef=0.01,
+        )
+        if spec.experts
+        else {}
+    )
+    config = (MixtralConfig if spec.experts else LlamaConfig)(
+        **moe,
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -185,7 +216,7 @@ def _train(spec: YardstickSpec, tokenizer, train_texts: list[str]):
         tie_word_embeddings=False,
     )
     torch.manual_seed(spec.seed)
-    model = LlamaForCausalLM(config).to(torch.float32)
+    model = (MixtralForCausalLM if spec.experts else LlamaForCausalLM)(config).to(torch.float32)
     encoded = tokenizer.backend_tokenizer.encode_batch(train_texts, add_special_tokens=False)
     stream = torch.tensor([i for e in encoded for i in [*e.ids, tokenizer.eos_token_id]])
     # No weight decay: it would pull the weights back toward the small-range ones that made
@@ -210,12 +241,14 @@ def _train(spec: YardstickSpec, tokenizer, train_texts: list[str]):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+    model.config.output_router_logits = False  # saved as any Mixtral checkpoint: no aux loss
     return model.eval(), loss.item()
 
 
 def build_yardstick(root: str | Path, spec: YardstickSpec = YardstickSpec()) -> Yardstick:
-    """Build the yardstick under `root` (yardstick-llama/, calibration.jsonl, held_out.jsonl), or
-    reuse it. A `root` holding anything else is refused: building writes over those names.
+    """Build the yardstick under `root` (yardstick-llama/ or, for a spec with experts,
+    yardstick-mixtral/; calibration.jsonl, held_out.jsonl), or reuse it. A `root` holding
+    anything else is refused: building writes over those names.
 
     Processes that ask for one `root` at once (the demo, test sessions, pytest-xdist's workers)
     take turns: the first builds, the others wait and reuse it.
@@ -238,7 +271,7 @@ def build_yardstick(root: str | Path, spec: YardstickSpec = YardstickSpec()) -> 
 def _build(root: Path, spec: YardstickSpec) -> Yardstick:
     import torch
 
-    model_dir = root / MODEL_DIR
+    model_dir = root / spec.model_dir
     marker = model_dir / SPEC_FILE
     # An older build's marker (`_reuse` read it as a build's) stays valid for its own key while
     # this one writes over its files.
@@ -283,7 +316,7 @@ def _build(root: Path, spec: YardstickSpec) -> Yardstick:
 
 def _reuse(root: Path, spec: YardstickSpec) -> Yardstick | None:
     """The build under `root` when its key is `spec`'s; a marker no build wrote is refused."""
-    marker = root / MODEL_DIR / SPEC_FILE
+    marker = root / spec.model_dir / SPEC_FILE
     if not marker.exists():
         model_dir = marker.parent
         # Neither a finished build nor a crashed one (BUILDING) wrote it: a build would write its
@@ -312,5 +345,7 @@ def _reuse(root: Path, spec: YardstickSpec) -> Yardstick | None:
 
 
 if __name__ == "__main__":
-    built = build_yardstick(sys.argv[1] if len(sys.argv) > 1 else "yardstick")
+    paths = [a for a in sys.argv[1:] if a != "--moe"]
+    spec = MOE_SPEC if "--moe" in sys.argv[1:] else YardstickSpec()
+    built = build_yardstick(paths[0] if paths else "yardstick", spec)
     print(json.dumps({"model": str(built.model), **built.built}, indent=1))

@@ -11,7 +11,11 @@ from compressflow.registries.thresholds import (
     FAMILY_ORDER,
     FLOOR,
     MEASURED,
+    METHOD_DEFAULTS,
+    METHOD_MEASURED,
+    default_limits,
     limits_from,
+    loosest,
     scheme_family,
 )
 
@@ -67,3 +71,29 @@ def test_the_run_form_states_every_familys_defaults():
     text = VerifyArgs.model_fields["min_cosine"].description
     for family, limits in DEFAULTS.items():
         assert f"{family}: cosine {limits.cosine}, KL {limits.kl}, top-1 {limits.top1}" in text
+
+
+def test_each_methods_limits_loosen_its_worst_healthy_figure():
+    for method, worst in METHOD_MEASURED.items():
+        limits = METHOD_DEFAULTS[method]
+        assert limits == limits_from(worst)
+        assert worst.cosine >= limits.cosine and worst.kl <= limits.kl and worst.top1 >= limits.top1
+
+
+@pytest.mark.parametrize("scheme", ["W8A8", "W4A16", "NVFP4", None])
+def test_a_method_is_held_to_its_own_limits_or_its_schemes_where_looser(scheme):
+    for method, own in METHOD_DEFAULTS.items():
+        limits, source = default_limits(scheme, method)
+        family = DEFAULTS[scheme_family(scheme)]
+        # The method alone (nothing quantized) is held to its own limits, not the floor's.
+        assert limits == (loosest(own, family) if scheme else own)
+        assert source.startswith(f"the {method} default")
+        assert VerifyArgs().logit_limits(scheme, method) == limits
+
+
+def test_a_method_not_measured_takes_its_schemes_limits_and_says_so():
+    limits, source = default_limits("W4A16", "a method nobody measured")
+    assert limits == DEFAULTS["4-bit weights"]
+    assert source == (
+        "the 4-bit weights default (W4A16), as no a method nobody measured default is measured yet"
+    )

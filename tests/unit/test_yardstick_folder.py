@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from compressflow.demo.yardstick import BUILDING, MODEL_DIR, SPEC_FILE, build_yardstick
+from compressflow.demo.yardstick import (
+    BUILDING,
+    MODEL_DIR,
+    MOE_MODEL_DIR,
+    MOE_SPEC,
+    SPEC_FILE,
+    YardstickSpec,
+    build_yardstick,
+)
 
 
 def test_a_folder_with_files_no_build_wrote_is_refused_and_left_as_it_was(tmp_path):
@@ -22,13 +30,18 @@ def test_a_folder_with_files_no_build_wrote_is_refused_and_left_as_it_was(tmp_pa
     assert marker.read_text() == "a file of the user's, under the build's name"
 
 
-def test_a_model_folder_no_build_started_is_refused_and_left_as_it_was(tmp_path):
-    """Only `yardstick-llama/`, the build's own name, but a user's weights in it and no marker:
-    neither a finished build nor a crashed one (which leaves BUILDING) wrote it."""
-    weights = tmp_path / MODEL_DIR / "model.safetensors"
+@pytest.mark.parametrize(
+    ("spec", "model_dir"), [(YardstickSpec(), MODEL_DIR), (MOE_SPEC, MOE_MODEL_DIR)]
+)
+def test_a_model_folder_no_build_started_is_refused_and_left_as_it_was(tmp_path, spec, model_dir):
+    """Only the build's own folder name (`yardstick-llama/`, or `yardstick-mixtral/` for the MoE
+    yardstick), but a user's weights in it and no marker: neither a finished build nor a crashed
+    one (which leaves BUILDING) wrote it."""
+    assert spec.model_dir == model_dir
+    weights = tmp_path / model_dir / "model.safetensors"
     weights.parent.mkdir()
     weights.write_bytes(b"the user's weights")
     with pytest.raises(FileExistsError, match="not written by a yardstick build"):
-        build_yardstick(tmp_path)
+        build_yardstick(tmp_path, spec)
     assert weights.read_bytes() == b"the user's weights"
-    assert not (tmp_path / MODEL_DIR / BUILDING).exists()
+    assert not (tmp_path / model_dir / BUILDING).exists()
