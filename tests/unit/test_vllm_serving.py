@@ -18,6 +18,12 @@ from compressflow.model.serving import compare, kernel_limit, serve_and_score
 from compressflow.results import Verification, VerificationCheck
 from compressflow.settings import Settings
 
+# A rotation's online transforms (QuIP W8A8 on the tiny Llama): `transform_type: hadamard`, then
+# random-hadamard.
+ROTATION_ERRORS = [
+    "AttributeError: '_OpNamespace' '_C' object has no attribute 'hadacore_transform'",
+    "AttributeError: 'HadamardTransform' object has no attribute 'cpu_linear'",
+]
 # Lines vLLM 0.32.0 (CPU build) raised for outputs it has no kernel for.
 KERNEL_ERRORS = [
     "ValueError: Marlin FP4 not available",
@@ -32,6 +38,7 @@ KERNEL_ERRORS = [
     "NotImplementedError: FP8 KV cache requires head_size divisible by 32 on CPU.",
     # An FP8 KV cache on x86 without AVX-512 or AMX (vLLM's cpu_attn.py; this host has AVX-512).
     "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.",
+    *ROTATION_ERRORS,
 ]
 # A vision model: the child adds what vLLM logged to the error it raised.
 VISION_ERROR = (
@@ -45,6 +52,13 @@ VISION_ERROR = (
 def test_a_missing_kernel_is_not_checked_here_with_vllms_words(error):
     reason = kernel_limit(error)
     assert reason and error in reason and "vLLM build" in reason
+
+
+@pytest.mark.parametrize("error", ROTATION_ERRORS)
+def test_a_rotation_vllm_cannot_apply_online_is_not_checked_with_its_own_reason(error):
+    """Not the int4 kernel's words, which the hadacore line also matches."""
+    reason = kernel_limit(error)
+    assert "online transforms" in reason and "int4" not in reason
 
 
 def test_a_vision_model_without_torchvision_is_not_checked_here():
