@@ -22,6 +22,7 @@ parameter groups raised it (the CLI prints that as field, problem and fix).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import io
 import json
@@ -1044,6 +1045,9 @@ class RecipeCase:
     target: dict | None = None  # a quality target or bits budget the recipe must be able to meet
     calibration: dict | None = None  # memory caps and batch the plan must honour or refuse
     twice: str | None = None  # the text writes a key twice: "same" value or "other" (refused)
+    # A sparsity stage (SparseGPT, Wanda): "refused", for any reason; "named", refused naming it
+    # (its only change from a preset, placed as a method is: nothing refused sooner)
+    sparse: str | None = None
 
     def prepare(self, env: FuzzEnv, root: Path) -> tuple[dict, list[Path]]:
         recipe = dict(self.recipe)
@@ -1128,9 +1132,9 @@ def _order_pairs() -> list[dict]:
 
 OTHER_MODIFIERS += _order_pairs()
 # Issue 57's methods, as llm-compressor's examples write them: rotations, 2:4 and unstructured
-# sparsity (to be refused before calibration: vLLM 0.32 serves no sparse checkpoint; until that
-# refusal lands either outcome holds the property) and expert pruning (the tiny Llama is dense:
-# refused), each alone (`alone`) and before or beside every preset's modifiers.
+# sparsity (refused at render: vLLM 0.32 serves no sparse checkpoint; RecipeCase.sparse) and
+# expert pruning (the tiny Llama is dense: refused), each alone (`alone`) and before or beside
+# every preset's modifiers.
 METHODS = [
     {"QuIPModifier": {"transform_type": "hadamard", "transform_block_size": 128}},
     {"SpinQuantModifier": {"rotations": ["R1", "R2"], "transform_type": "hadamard"}},
@@ -1280,7 +1284,7 @@ RAW_RECIPES: dict[str, Callable[[], str]] = {
 
 @st.composite
 def recipe_cases(draw) -> RecipeCase:
-    form = draw(st.sampled_from(["preset", "tree", "tree", "raw", "file"]))
+    form = draw(st.sampled_from(["preset", "tree", "tree", "raw", "file", "method"]))
     if form == "preset":
         preset = draw(st.sampled_from([*PRESETS, "w8a8", "W4A61", "", "fp8_dynamic "]))
         names = list(PRESETS[preset].placeholders) if preset in PRESETS else []
@@ -1333,10 +1337,22 @@ def recipe_cases(draw) -> RecipeCase:
             _Edit, st.just("nest"), st.sampled_from(["quant_stage", "x"]), st.integers(1, 70)
         ),
     )
-    for one in draw(st.lists(edit, min_size=1, max_size=3)):
+    # "method": issue 57's methods placed on a preset, nothing else changed (not in the list
+    # form, where a method the preset has already is a second one, refused as that)
+    placed = st.builds(
+        _Edit,
+        st.sampled_from(["alone", "add", "first"]),
+        st.just(""),
+        st.sampled_from(METHODS),
+    )
+    edits = draw(st.lists(placed if form == "method" else edit, min_size=1, max_size=3))
+    for one in edits:
         tree = _apply_recipe_edit(tree, one)
     form_of_text = draw(st.sampled_from(["yaml", "json"]))
     text = _dump(tree, form_of_text)
+    if form == "method":
+        case = RecipeCase({"recipe": text})
+        return dataclasses.replace(case, sparse="named") if _holds_sparsity(tree) else case
     twice = draw(st.sampled_from([None, None, "other", None, None, "same", None, None]))
     if twice:  # a key written twice, 0 to 3 levels down: a stage, a group, a modifier, a field
         path = _first_keys(tree, draw(st.integers(0, 3)))
@@ -1350,13 +1366,33 @@ def recipe_cases(draw) -> RecipeCase:
     recipe = {"text": text} if form == "file" else {"recipe": text}
     if args:
         recipe["recipe_args"] = args
-    return RecipeCase(
+    case = RecipeCase(
         recipe,
         file="recipe.yaml" if form == "file" else None,
         target=draw(targets),
         calibration=draw(calibrations),
         twice=twice,
     )
+    if not _holds_sparsity(tree):
+        return case
+    placed = all(e.kind in ("alone", "add", "first") and e.value in METHODS for e in edits)
+    only = placed and not (twice or args or case.target or case.calibration)
+    return dataclasses.replace(case, sparse="named" if only else "refused")
+
+
+def _holds_sparsity(tree: Any) -> bool:
+    """Whether a recipe tree has a modifier render refuses as a sparsity stage."""
+    from compressflow.recipes.kinds import sparsity_refusal
+    from compressflow.recipes.tree import iter_modifiers
+
+    try:
+        if isinstance(tree, list):
+            found = [(n, k) for item in tree if isinstance(item, dict) for n, k in item.items()]
+        else:
+            found = [(name, kwargs) for _, name, kwargs in iter_modifiers(tree)]
+    except (AttributeError, TypeError):  # a tree no stage walk reads: refused, but not for this
+        return False
+    return any(sparsity_refusal(name, kwargs) for name, kwargs in found)
 
 
 # ---------------------------------------------------------------- data files
@@ -2089,6 +2125,7 @@ def run_validate(env: FuzzEnv, case: Any, seconds: float = VALIDATE_SECONDS) -> 
             lambda: validate(**params), case, watched, seconds, absent
         )
         assert_no_silent_choice(case, outcome)
+        assert_sparsity_refused(case, outcome)
         if isinstance(case, OutputCase):
             case.held_to(outcome)
         return Ran(case, outcome, params)
@@ -2108,6 +2145,18 @@ def assert_no_silent_choice(case: Any, outcome: Outcome) -> None:
             assert outcome.refused and "twice" in outcome.error.problem, (
                 f"{case!r}: a key given two values {outcome.error or 'passed'}"
             )
+
+
+def assert_sparsity_refused(case: Any, outcome: Outcome) -> None:
+    """Issue 57: a recipe with a sparsity stage is refused (vLLM serves no sparse checkpoint),
+    naming the stage where nothing else in the case is refused sooner."""
+    if not isinstance(case, RecipeCase) or case.sparse is None:
+        return
+    assert outcome.refused, f"{case!r}: a recipe with a sparsity stage passed"
+    if case.sparse == "named":
+        assert "prunes weights to sparsity" in outcome.error.problem, (
+            f"{case!r}: refused, but not for its sparsity stage: {outcome.error}"
+        )
 
 
 @contextmanager
