@@ -27,15 +27,21 @@ def nested_python_lists(levels: int = 9) -> list:
     return value
 
 
+# Far above the 0.3 s these take (the nested lists, the slowest) and far below what an unbounded
+# parse costs (minutes, or never): a bound that fails on a bomb, not on a busy 2-core machine,
+# where CI once measured 1.07 s.
+QUICKLY = 5.0
+
+
 def refused_quickly(call, error=RecipeError) -> Exception:
     start = time.perf_counter()
     with pytest.raises(error) as raised:
         call()
-    assert time.perf_counter() - start < 1.0
+    assert time.perf_counter() - start < QUICKLY
     return raised.value
 
 
-def test_a_billion_laughs_recipe_is_refused_in_under_a_second():
+def test_a_billion_laughs_recipe_is_refused_before_it_expands():
     text = billion_laughs()
     assert len(text) < 2048
     error = refused_quickly(lambda: load_recipe(text))
