@@ -26,6 +26,7 @@ from compressflow import compat
 from compressflow.errors import InputError, ModelFetchError, interpreting
 from compressflow.logs import run_logger
 from compressflow.model.shards import loaded_files, named, weight_map_of
+from compressflow.model.transforms import attach_transforms, declared_in
 from compressflow.params import DEFAULT_MODEL_CLASS, ModelArgs
 from compressflow.results import FetchedModel
 
@@ -47,7 +48,8 @@ def load_complete(
     """`model_cls.from_pretrained(path, **options)`, refused with an InputError on `field` when
     a tensor the model needs is not in the files or has another shape there (`unexpected=False`:
     also when the files hold a tensor the class does not load). `what` names the model in the
-    message ("the source model")."""
+    message ("the source model"). The online transforms a checkpoint declares are attached and
+    filled from their tensors (compressflow/model/transforms.py), which are then no stray keys."""
     with compat.loading_reports() as reports:
         try:
             # Mismatched shapes are refused below, with the files named, not raised mid-load.
@@ -58,7 +60,11 @@ def load_complete(
             raise
     if not reports:
         raise RuntimeError(f"transformers made no loading report for {path}: adapter defect")
-    if problem := incomplete(reports[-1], Path(path), unexpected):
+    report = reports[-1]
+    if declared_in(Path(path)):  # a rotation's transforms: attached, or the model is not its own
+        filled = attach_transforms(loaded, Path(path), set(report["unexpected_keys"]))
+        report = {**report, "unexpected_keys": set(report["unexpected_keys"]) - filled}
+    if problem := incomplete(report, Path(path), unexpected):
         raise InputError(field, f"{what} at {path} does not load completely: {problem}", FIX)
     return loaded
 

@@ -16,9 +16,6 @@ from compressflow.recipes.kinds import EXPERTS, Contract, contract_of
 from compressflow.recipes.order import Touch, layers
 from compressflow.results import RenderedRecipe
 
-# Where a transform runs when the model does (compressed-tensors' TransformLocation.is_online):
-# its tensor is saved; one fused into the weights (weight_input, weight_output) is not.
-ONLINE = ("input", "output", "q_attn", "k_cache")
 # Config keys of the expert count, as REAP reads them (reap/utils.py NUM_EXPERTS_CONFIG_KEYS).
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "moe_num_experts")
 ROUTERS = ("gate", "router")  # REAP's ROUTER_ATTRS
@@ -31,25 +28,6 @@ def recipe_contract(recipe: RenderedRecipe) -> Contract:
     if found.kinds:
         return found
     return contract_of({"stage": {"default_modifiers": dict.fromkeys(recipe.modifiers, {})}})
-
-
-def quantization_config(config: dict) -> dict:
-    quant = config.get("quantization_config") or (config.get("text_config") or {}).get(
-        "quantization_config"
-    )
-    return quant if isinstance(quant, dict) else {}
-
-
-def online_transforms(config: dict) -> dict[str, list[dict]]:
-    """`{group}_{location}` (the submodule compressed-tensors registers) -> its apply entries
-    (targets, ignore), for each online transform config.json's transform_config declares."""
-    groups = (quantization_config(config).get("transform_config") or {}).get("config_groups")
-    found: dict[str, list[dict]] = {}
-    for group, scheme in (groups or {}).items():
-        for entry in (scheme or {}).get("apply") or []:
-            if entry.get("location") in ONLINE:
-                found.setdefault(f"{group}_{entry['location']}", []).append(entry)
-    return found
 
 
 def transform_of(name: str, declared: dict[str, list[dict]], modules: Modules) -> bool:

@@ -12,16 +12,12 @@ from pathlib import Path
 from compressflow.model.headers import tensor_index
 from compressflow.model.modules import header_modules
 from compressflow.model.tracing import unloaded_tensors
+from compressflow.model.transforms import online_transforms
 from compressflow.params import DEFAULT_MODEL_CLASS
 from compressflow.recipes.kinds import PARAMETERS, TRANSFORMS, Contract
 from compressflow.results import VerificationCheck
 from compressflow.verification import Check
-from compressflow.verification.contract import (
-    expert_pruning,
-    online_transforms,
-    recipe_contract,
-    transform_of,
-)
+from compressflow.verification.contract import expert_pruning, recipe_contract, transform_of
 
 # Name parts of quantization parameters (weight_scale, input_zero_point, weight_g_idx...).
 QUANTIZATION_PARAMETERS = ("scale", "zero_point", "g_idx")

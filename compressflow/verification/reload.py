@@ -4,17 +4,14 @@ keys (a missing key is silently initialised at random), through the model group'
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from compressflow import compat
 from compressflow.compat import patch_reloads
 from compressflow.errors import InputError
-from compressflow.model.headers import tensor_index
 from compressflow.model.loading import headers_load, incomplete, load_complete
 from compressflow.results import FetchedModel, MemoryPlan, VerificationCheck
 from compressflow.verification import Check, Verifying
-from compressflow.verification.contract import online_transforms, quantization_config
 
 
 def reload(staging: Path, model: FetchedModel, plan: MemoryPlan, weights: bool = True):
@@ -40,26 +37,22 @@ def reload(staging: Path, model: FetchedModel, plan: MemoryPlan, weights: bool =
             offload_folder=plan.offload_folder,
             offload_buffers=True,
         )
-    declared = online_transforms(json.loads((staging / "config.json").read_text()))
     try:
         if weights:
-            with compat.loading_reports() as reports:
-                loaded = load_complete(
-                    getattr(transformers, model.model_class),
-                    staging,
-                    "the compressed model",
-                    field=CHECK.field,
-                    # a tensor we saved that nothing loads: a wrong save (transforms: below)
-                    unexpected=bool(declared),
-                    dtype="auto",
-                    trust_remote_code=model.trust_remote_code,
-                    **offload,
-                )
+            loaded = load_complete(
+                getattr(transformers, model.model_class),
+                staging,
+                "the compressed model",
+                field=CHECK.field,
+                # a tensor we saved that nothing loads, declared transforms aside: a wrong save
+                unexpected=False,
+                dtype="auto",
+                trust_remote_code=model.trust_remote_code,
+                **offload,
+            )
             if offload:  # accelerate's hooks -> compressed-tensors' offloading, as calibrate
                 compat.offloaded_from_accelerate(loaded)
                 compat.onload_weights_once(loaded)
-            if declared:
-                attach_transforms(loaded, staging, declared, reports[-1]["unexpected_keys"])
         else:
             loaded, report = headers_load(staging, model.model_class, model.trust_remote_code)
             if problem := incomplete(report, staging, unexpected=False):
@@ -77,41 +70,6 @@ def reload(staging: Path, model: FetchedModel, plan: MemoryPlan, weights: bool =
         + ("" if weights else " (checked from the headers)"),
     )
     return loaded.eval(), check
-
-
-def attach_transforms(loaded, staging: Path, declared: dict, unloaded: set[str]) -> None:
-    """Attach the online transforms config.json declares (its transform_config less the
-    locations fused into the weights) and fill each from the tensor saved for it; refuse a
-    tensor transformers left unloaded that is no such transform's."""
-    from compressed_tensors.transform import TransformConfig, apply_transform_config
-    from safetensors import safe_open
-
-    config = json.loads((staging / "config.json").read_text())
-    groups = quantization_config(config)["transform_config"]["config_groups"]
-    online = {
-        group: {
-            **scheme,
-            "apply": [a for a in scheme["apply"] if f"{group}_{a['location']}" in declared],
-        }
-        for group, scheme in groups.items()
-    }
-    apply_transform_config(
-        loaded, TransformConfig(config_groups={g: s for g, s in online.items() if s["apply"]})
-    )
-    parameters = dict(loaded.named_buffers(remove_duplicate=False))
-    parameters |= dict(loaded.named_parameters(remove_duplicate=False))
-    stray = sorted(name for name in unloaded if name not in parameters)
-    if stray:
-        raise InputError(
-            CHECK.field,
-            f"unexpected keys {stray[:3]}: tensors the class does not load, and no online "
-            "transform config.json's transform_config declares",
-            CHECK.fix,
-        )
-    index = tensor_index(staging)
-    for name in sorted(unloaded):
-        with safe_open(str(index[name].file), framework="pt") as handle:
-            parameters[name].data.copy_(handle.get_tensor(name))
 
 
 def reload_check(state: Verifying) -> VerificationCheck:
