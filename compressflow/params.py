@@ -34,6 +34,7 @@ from compressflow.evaluation.args import (
     Objective,
     QualityGate,
     SearchSpace,
+    ServedArgs,
 )
 from compressflow.model.args import (
     DEFAULT_MODEL_CLASS,
@@ -77,6 +78,7 @@ __all__ = [
     "TrackingArgs",
     "VerifyArgs",
     "QualityGate",
+    "ServedArgs",
     "LmEvalArgs",
     "METRICS",
     "SearchSpace",

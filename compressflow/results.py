@@ -25,6 +25,9 @@ from compressflow.evaluation.result import (
     LmEvalScores,
     Point,
     PointResult,
+    ServedFigure,
+    ServedLevel,
+    ServedPerformance,
     SweepReport,
 )
 from compressflow.inputs import InputCheck, ValidationReport
@@ -84,6 +87,9 @@ __all__ = [
     "PublishedModel",
     "LmEvalScores",
     "EvaluationReport",
+    "ServedFigure",
+    "ServedLevel",
+    "ServedPerformance",
     "Point",
     "PointResult",
     "SweepReport",

@@ -1,5 +1,5 @@
-"""evaluate-model's and sweep-recipe's parameters: the quality gate, lm-eval tasks, a
-sweep's space and objective, and the deployments a sweep calls."""
+"""evaluate-model's and sweep-recipe's parameters: the quality gate, lm-eval tasks, served
+performance, a sweep's space and objective, and the deployments a sweep calls."""
 
 from __future__ import annotations
 
@@ -30,6 +30,13 @@ class QualityGate(Args):
         description="Smallest allowed recovery of each lm-eval metric, in percent of the base "
         "model's score (inverted for perplexities; 100: no loss), e.g. 95 (0: no limit).",
     )
+    min_speedup: float = Field(
+        default=0,
+        ge=0,
+        description="Smallest allowed served output throughput of the compressed model over the "
+        "base's (a ratio, e.g. 1.2) at the highest concurrency measured (0: no limit). "
+        "'Not measured here' and 'no measurable difference' flag the run, never fail it.",
+    )
     on_threshold: Literal["fail", "flag"] = Field(
         default="fail",
         description="fail: the run fails when a limit is passed. flag: it completes, with "
@@ -57,6 +64,53 @@ class LmEvalArgs(Args):
         ge=0,
         description="Stop lm-eval on a model after this many minutes (0: no limit). It runs in "
         "a process of its own, so stopping it ends it and returns its memory.",
+    )
+
+
+class ServedArgs(Args):
+    """What serving the compressed model buys: both models served by vLLM with the same flags,
+    measured by vLLM's own benchmark (`vllm bench serve`) on one fixed, stated workload."""
+
+    measure: bool = Field(
+        default=True,
+        description="Serve the base and the compressed model in vLLM with identical settings and "
+        "measure output throughput, latency (time to first token, inter-token) and weights "
+        "memory. Needs the worker's vLLM environment; a scheme its build cannot serve is "
+        "reported as not measured here, with vLLM's reason.",
+    )
+    input_len: int = Field(
+        default=128, ge=8, le=32768, description="Prompt length in tokens, cut from held-out texts."
+    )
+    output_len: int = Field(
+        default=64,
+        ge=1,
+        le=32768,
+        description="Tokens generated per request (end of sequence ignored, so each request "
+        "generates exactly this many).",
+    )
+    concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
+        default_factory=lambda: [1, 4],
+        min_length=1,
+        max_length=8,
+        description="Requests in flight at once; each level is measured on both models.",
+    )
+    prompts: int = Field(
+        default=16, ge=1, le=100000, description="Requests per measurement at each level."
+    )
+    repeats: int = Field(
+        default=3,
+        ge=1,
+        le=20,
+        description="Measurements per model and level, interleaved base / compressed. Figures "
+        "are medians with their spread; a difference inside the spread is reported as no "
+        "measurable difference.",
+    )
+    seed: int = Field(default=0, description="Which held-out texts become the prompts.")
+    timeout_minutes: float = Field(
+        default=30,
+        ge=0,
+        description="Stop measuring after this many minutes and report it as not finished "
+        "(0: no limit).",
     )
 
 

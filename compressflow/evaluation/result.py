@@ -1,4 +1,5 @@
-"""What evaluate-model and sweep-recipe return: scores, the report, a sweep's points."""
+"""What evaluate-model and sweep-recipe return: scores, served performance, the report, a
+sweep's points."""
 
 from __future__ import annotations
 
@@ -22,6 +23,72 @@ class LmEvalScores(BaseModel):
     seconds: float = Field(description="Loading the model and running every task.")
 
 
+# Figures `vllm bench serve` reports, by our name: (its JSON key, unit, better higher).
+SERVED_METRICS: dict[str, tuple[str, str, bool]] = {
+    "output_throughput": ("output_throughput", "tokens/s", True),
+    "ttft_p50": ("p50_ttft_ms", "ms", False),
+    "ttft_p95": ("p95_ttft_ms", "ms", False),
+    "itl_p50": ("p50_itl_ms", "ms", False),
+    "itl_p95": ("p95_itl_ms", "ms", False),
+}
+
+
+class ServedFigure(BaseModel):
+    """One metric over the repeats: its median and spread."""
+
+    median: float
+    low: float = Field(description="Smallest value over the repeats.")
+    high: float = Field(description="Largest value over the repeats.")
+    values: list[float] = Field(description="Each repeat's value, in the order measured.")
+
+
+class ServedLevel(BaseModel):
+    """Both models at one concurrency level."""
+
+    concurrency: int
+    base: dict[str, ServedFigure] = Field(description="By SERVED_METRICS name.")
+    compressed: dict[str, ServedFigure] = Field(description="By SERVED_METRICS name.")
+    throughput_ratio: float = Field(
+        description="Median output throughput, compressed over base (above 1: faster)."
+    )
+    verdict: Literal["faster", "slower", "no measurable difference"] = Field(
+        description="'no measurable difference' where the throughputs' spreads overlap."
+    )
+
+
+class ServedPerformance(BaseModel):
+    """What serving the compressed model buys against its base, both served by vLLM with the
+    same flags (the evaluation's served-performance stage)."""
+
+    status: Literal["measured", "not measured here", "failed"]
+    reason: str = Field(default="", description="Why not measured or failed; vLLM's own words.")
+    device: str = Field(default="", description="The device served on, e.g. 'NVIDIA H100 80GB'.")
+    backend: str = Field(
+        default="", description="vLLM's version and platform, e.g. 'vLLM 0.32.0 (CPU)'."
+    )
+    kernels: dict[str, str] = Field(
+        default_factory=dict,
+        description="{'base' | 'compressed': the linear kernel vLLM reported choosing}.",
+    )
+    serve_flags: list[str] = Field(
+        default_factory=list, description="The `vllm serve` flags both models ran with."
+    )
+    workload: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The ServedArgs measured (lengths, levels, repeats, seed).",
+    )
+    levels: list[ServedLevel] = Field(default_factory=list)
+    weights_memory_gib: dict[str, float] = Field(
+        default_factory=dict, description="{'base' | 'compressed': weights memory vLLM reported}."
+    )
+    kv_cache_tokens: dict[str, int] = Field(
+        default_factory=dict,
+        description="{'base' | 'compressed': KV-cache capacity vLLM reported}; GPU only (vLLM-CPU "
+        "sizes its cache by a setting, so there it is not a result).",
+    )
+    seconds: float = Field(default=0.0, description="Serving and measuring both models.")
+
+
 class EvaluationReport(BaseModel):
     """What evaluate-model returns. It lives here, not in the flow module: a worker loads the flow
     file by path (as module `evaluate`), and a result pickled from there would not unpickle
@@ -43,6 +110,9 @@ class EvaluationReport(BaseModel):
         default_factory=dict,
         description="{'<task>/<metric>': recovery %}: compressed over base, base over compressed "
         "for metrics better lower (perplexities), so 100 is no loss.",
+    )
+    served: ServedPerformance | None = Field(
+        default=None, description="Served speed and memory; None: not asked for (served.measure)."
     )
     breaches: list[str] = Field(description="Thresholds passed; empty when within limits.")
     passed: bool
