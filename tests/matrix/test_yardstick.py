@@ -43,6 +43,7 @@ def increase(yardstick, test_root, prefect_harness):
         OutputArgs,
         QualityGate,
         RecipeArgs,
+        ServedArgs,
         TrackingArgs,
         VerifyArgs,
     )
@@ -77,6 +78,7 @@ def increase(yardstick, test_root, prefect_harness):
                 max_seq_len=yardstick.spec.seq_len,
             ),
             gate=QualityGate(max_perplexity_increase_pct=0, max_kl=0),
+            served=ServedArgs(measure=False),  # quality orderings only
             tracking=TrackingArgs(enabled=False),
         )
         found[name] = report.metrics.perplexity_increase_pct

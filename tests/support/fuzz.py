@@ -2009,7 +2009,10 @@ def run_evaluated(env: FuzzEnv, case: PublishedCase) -> Ran:
         before = snapshot(root)
         started = time.perf_counter()
         try:
-            result, error = evaluate(compressed={"model_id": str(out)}, held_out=HELD_OUT), None
+            # Served speed is not what these cases are about: measure_served stays off.
+            served = {"measure": False}
+            result = evaluate(compressed={"model_id": str(out)}, held_out=HELD_OUT, served=served)
+            error = None
         except Exception as exc:  # the property judges every exception
             result, error = None, exc
         outcome = Outcome(error, result, time.perf_counter() - started)

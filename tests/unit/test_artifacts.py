@@ -10,7 +10,7 @@ import re
 import pytest
 from support.reports import evaluation_report
 
-from compressflow.flows.evaluate import evaluation_key, metric_rows
+from compressflow.flows.evaluate import evaluation_key
 from compressflow.flows.sweep import ranking_rows
 from compressflow.params import METRICS, ModelArgs, QualityGate
 from compressflow.reporting.artifacts import (
@@ -22,6 +22,7 @@ from compressflow.reporting.artifacts import (
     slug,
     stage_table,
 )
+from compressflow.reporting.evaluation import metric_rows
 from compressflow.reporting.summary import summary_key, summary_markdown
 from compressflow.results import (
     ModuleMetric,
