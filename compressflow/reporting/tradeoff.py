@@ -28,8 +28,11 @@ def _scale(values: list[float], low: float, high: float, pad: float = 0.05):
     return lambda v: low + (v - lo) / (hi - lo) * (high - low), lo, hi
 
 
-def tradeoff_svg(points: list[MixPoint]) -> str:
-    """The chart: x bits per weight, y held-out perplexity; predicted hollow, measured filled."""
+def tradeoff_svg(points: list[MixPoint], notes: dict[str, str] | None = None) -> str:
+    """The chart: x bits per weight, y held-out perplexity; predicted hollow, measured filled,
+    with a legend saying so (the SVG travels alone: the card's `tradeoff.svg`). `notes`: words
+    beside a point's number, by its label (a benchmark's served speed)."""
+    notes = notes or {}
     x, x_lo, x_hi = _scale([p.avg_bits for p in points], MARGIN, WIDTH - 16)
     y, y_lo, y_hi = _scale([p.perplexity for p in points], HEIGHT - MARGIN, 16)
     parts = [
@@ -65,10 +68,25 @@ def tradeoff_svg(points: list[MixPoint]) -> str:
             f'stroke="#1f77b4"><title>{escape(p.label)}: {p.avg_bits:.3f} bits, perplexity '
             f"{p.perplexity:.4f}</title></circle>"
             f'<text x="{x(p.avg_bits) + 6:.1f}" y="{y(p.perplexity) - 6:.1f}" '
-            f'fill="#555">{index + 1}</text>'
+            f'fill="#555">{index + 1}{escape(": " + notes[p.label]) if p.label in notes else ""}'
+            "</text>"
         )
-    parts.append("</svg>")
+    parts += [_legend(any(not p.measured for p in points)), "</svg>"]
     return "".join(parts)
+
+
+def _legend(predicted: bool) -> str:
+    """Top right: what a filled and a hollow point mean (hollow only where there are some)."""
+    left = WIDTH - 250
+    rows = [("#1f77b4", "measured")]
+    if predicted:
+        rows.append(("white", "predicted (round-to-nearest), not measured"))
+    items = [
+        f'<circle cx="{left + 6}" cy="{24 + 14 * i}" r="4" fill="{fill}" stroke="#1f77b4"/>'
+        f'<text x="{left + 14}" y="{28 + 14 * i}">{text}</text>'
+        for i, (fill, text) in enumerate(rows)
+    ]
+    return '<g class="legend">' + "".join(items) + "</g>"
 
 
 def points_table(points: list[MixPoint]) -> str:
@@ -77,7 +95,10 @@ def points_table(points: list[MixPoint]) -> str:
         f"{'measured' if p.measured else 'predicted'} |"
         for i, p in enumerate(points)
     ]
-    header = "| # | point | bits per weight | perplexity | |\n|---|---|---|---|---|\n"
+    header = (
+        "| # | point | bits per weight | perplexity | measured or predicted |\n"
+        "|---|---|---|---|---|\n"
+    )
     return header + "\n".join(rows)
 
 
