@@ -166,6 +166,7 @@ def run_one(row: Row, seed: int, source: Path, yardstick, args, out: Path) -> No
         OutputArgs,
         QualityGate,
         RecipeArgs,
+        ServedArgs,
         TrackingArgs,
         VerifyArgs,
     )
@@ -213,6 +214,7 @@ def run_one(row: Row, seed: int, source: Path, yardstick, args, out: Path) -> No
             limit=args.lm_eval_limit,
             held_out_file=str(yardstick.held_out),
         ),
+        served=ServedArgs(measure=False),  # quality only: served speed is its own benchmark's
         tracking=TrackingArgs(enabled=False),
     )
     m = report.metrics

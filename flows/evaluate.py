@@ -147,7 +147,8 @@ def evaluate(
             file:// prefix it uploaded it to (output.upload_uri), or its ClearML id.
         base: The model it was compressed from; empty: the one its manifest records.
         held_out: Text both models read; calibration samples are left out of it.
-        gate: Limits on the quality lost; passing one fails or flags the run.
+        gate: Limits on the quality lost and, if asked, on the served speed (min_speedup);
+            passing one fails or flags the run.
         lm_eval: lm-eval-harness tasks run on both models (optional).
         served: Served speed and memory of both models in vLLM, on one stated workload (on by
             default; "not measured here", with the reason, where the worker has no vLLM or

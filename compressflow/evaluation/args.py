@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from compressflow.arguments import Args
 from compressflow.errors import InputError, RecipeError
@@ -112,6 +112,32 @@ class ServedArgs(Args):
         description="Stop measuring after this many minutes and report it as not finished "
         "(0: no limit).",
     )
+
+    @field_validator("concurrency")
+    @classmethod
+    def _levels_once(cls, value: list[int]) -> list[int]:
+        # A level listed twice would be served twice and shown as two rows of one level.
+        if twice := sorted({level for level in value if value.count(level) > 1}):
+            raise InputError(
+                "served.concurrency",
+                f"{value} lists the level {twice[0]} more than once",
+                f"list each level once, e.g. {sorted(set(value))}",
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _prompts_fill_each_level(self) -> ServedArgs:
+        # Fewer requests than a level never put that many in flight: its figures would be a
+        # lower level's, labelled as this one.
+        if self.prompts < (most := max(self.concurrency)):
+            raise InputError(
+                "served.prompts",
+                f"{self.prompts} requests never put {most} in flight at once, the highest level "
+                f"of served.concurrency {self.concurrency}",
+                f"served.prompts at least {most} (a few times it holds the level longer), or "
+                "lower levels",
+            )
+        return self
 
 
 METRICS = ("perplexity_increase_pct", "kl_divergence", "top1_agreement", "compressed_perplexity")

@@ -32,6 +32,14 @@ LABELS = {
     "itl_p50": "inter-token latency p50",
     "itl_p95": "inter-token latency p95",
 }
+# The table's: short enough that Prefect's artifact view shows every column.
+SHORT = {
+    "output_throughput": "throughput",
+    "ttft_p50": "TTFT p50",
+    "ttft_p95": "TTFT p95",
+    "itl_p50": "ITL p50",
+    "itl_p95": "ITL p95",
+}
 # The chart's panels: throughput (the gate's measure) and the two latencies a user feels.
 CHART_METRICS = ("output_throughput", "ttft_p50", "itl_p50")
 MODELS = ("base", "compressed")
@@ -144,14 +152,14 @@ def memory_lines(served: ServedPerformance) -> list[str]:
 
 def figures_table(served: ServedPerformance) -> str:
     rows = [
-        f"| {level.concurrency} | {LABELS[metric]} ({unit(metric)}) | "
+        f"| {level.concurrency} | {SHORT[metric]} ({unit(metric)}) | "
         f"{figure_text(level.base.get(metric))} | {figure_text(level.compressed.get(metric))} | "
         f"{ratio_text(level, metric)} | {reading(level, metric)} |"
         for level in sorted(served.levels, key=lambda level: level.concurrency)
         for metric in SERVED_METRICS
     ]
     return (
-        "| concurrency | metric | base | compressed | compressed / base | reads |\n"
+        "| concurrency | metric | base | compressed | ratio | reads |\n"
         "|---|---|---|---|---|---|\n" + "\n".join(rows)
     )
 
@@ -172,7 +180,8 @@ def performance_markdown(
         f"The base and the compressed model, each served by {hardware_line(served)}, with the "
         "same flags, measured by vLLM's own benchmark (`vllm bench serve`). Each figure is the "
         "median over the repeats, with the lowest and highest in brackets; where those spreads "
-        "overlap the row reads no measurable difference.",
+        "overlap the row reads no measurable difference. Ratio: compressed over base (TTFT: time "
+        "to first token; ITL: inter-token latency).",
         "",
     ]
     if chart and served.levels:
@@ -263,7 +272,7 @@ def performance_rows(served: ServedPerformance | None, min_speedup: float) -> li
 
 # ---------------------------------------------------------------- the chart
 
-PANEL_WIDTH, PANEL_HEIGHT, TOP, BOTTOM, LEFT = 300, 260, 64, 44, 52
+PANEL_WIDTH, PANEL_HEIGHT, TOP, BOTTOM, LEFT = 300, 270, 74, 44, 52
 
 
 def _panel(served: ServedPerformance, metric: str, left: float) -> list[str]:
@@ -346,10 +355,10 @@ def performance_svg(served: ServedPerformance) -> str:
         f'<text x="12" y="18" font-size="13" font-weight="bold">{escape(headline(served))}</text>',
         f'<text x="12" y="{height - 10}" fill="#555">{escape(hardware_line(served))}. Bars: '
         "medians; whiskers: lowest to highest repeat.</text>",
-        f'<rect x="{width - 190}" y="30" width="10" height="10" fill="{COLOURS["base"]}"/>'
-        f'<text x="{width - 176}" y="39">base</text>'
-        f'<rect x="{width - 120}" y="30" width="10" height="10" fill="{COLOURS["compressed"]}"/>'
-        f'<text x="{width - 106}" y="39">compressed</text>',
+        f'<rect x="{width - 150}" y="26" width="10" height="10" fill="{COLOURS["base"]}"/>'
+        f'<text x="{width - 136}" y="35">base</text>'
+        f'<rect x="{width - 96}" y="26" width="10" height="10" fill="{COLOURS["compressed"]}"/>'
+        f'<text x="{width - 82}" y="35">compressed</text>',
     ]
     for index, metric in enumerate(metrics):
         parts += _panel(served, metric, 8 + index * PANEL_WIDTH)

@@ -103,6 +103,12 @@ def test_upload_uris(env, case):
     fuzz.run_upload(env, case)
 
 
+@fuzz.seeded(40)
+@given(case=fuzz.served_cases)
+def test_served_parameters(case):
+    fuzz.run_served(case)
+
+
 @fuzz.seeded(12)
 @given(case=fuzz.store_source_cases)
 def test_store_model_sources(env, case):

@@ -2105,6 +2105,89 @@ def run_upload(env: FuzzEnv, case: UploadCase) -> Ran:
     return ran
 
 
+# ---------------------------------------------------------------- served performance parameters
+
+
+@dataclass(frozen=True)
+class ServedCase:
+    """evaluate-model's `served` group as typed into the run form: `kind` names one of
+    SERVED_VALUES, a field and its value. A valid one passes; every other is refused by the
+    group's own validation, each problem read as the CLI reads it (`flows/cli.py`'s `explain`)
+    with field, problem and fix, the field naming the one drawn. Nothing is served: the group
+    is checked before any stage starts."""
+
+    kind: str
+
+    @property
+    def valid(self) -> bool:
+        return self.kind.startswith("valid:")
+
+
+SERVED_VALUES: dict[str, dict[str, Any]] = {
+    "no levels": {"concurrency": []},
+    "level 0": {"concurrency": [0, 4]},
+    "negative level": {"concurrency": [-1]},
+    "level over 4096": {"concurrency": [5000]},
+    "nine levels": {"concurrency": list(range(1, 10)), "prompts": 64},
+    "fractional level": {"concurrency": [1.5]},
+    "level as a word": {"concurrency": ["four"]},
+    "levels as text": {"concurrency": "1,4"},
+    "nested levels": {"concurrency": [[1, 4]]},
+    "a level twice": {"concurrency": [4, 1, 4]},
+    "fewer prompts than the level": {"concurrency": [1, 64], "prompts": 16},
+    "no prompts": {"prompts": 0},
+    "input_len 0": {"input_len": 0},
+    "input_len 7": {"input_len": 7},
+    "input_len huge": {"input_len": 10**6},
+    "output_len 0": {"output_len": 0},
+    "output_len NaN": {"output_len": float("nan")},
+    "no repeats": {"repeats": 0},
+    "21 repeats": {"repeats": 21},
+    "repeats as a word": {"repeats": "three"},
+    "negative timeout": {"timeout_minutes": -1},
+    "measure as a word": {"measure": "sometimes"},
+    "unknown field": {"concurency": [1, 4]},
+    "valid: defaults": {},
+    "valid: off": {"measure": False},
+    "valid: one level": {"concurrency": [8], "prompts": 8},
+    "valid: levels unsorted": {"concurrency": [4, 1]},
+    "valid: level as text": {"concurrency": ["2"]},
+    "valid: one repeat, no time limit": {"repeats": 1, "timeout_minutes": 0},
+}
+
+served_cases = st.builds(ServedCase, st.sampled_from(sorted(SERVED_VALUES)))
+
+
+def run_served(case: ServedCase) -> None:
+    """`case`'s group validated as the flow's parameters are; a valid one passes, every other is
+    refused with each problem's field, problem and fix, in well under a second."""
+    from pydantic import ValidationError
+
+    from compressflow.flows.cli import explain
+    from compressflow.params import ServedArgs
+
+    values = SERVED_VALUES[case.kind]
+    started = time.perf_counter()
+    try:
+        ServedArgs.model_validate(values)
+        refusals = []
+    except ValidationError as exc:
+        refusals = [
+            explain({**error, "loc": ("served", *error["loc"])}, {"served": ServedArgs})
+            for error in exc.errors()
+        ]
+    assert time.perf_counter() - started < 1.0, f"{case!r}: slow to validate"
+    if case.valid:
+        assert not refusals, f"{case!r}: a valid served group was refused: {refusals}"
+        return
+    assert refusals, f"{case!r}: passed"
+    for refusal in refusals:
+        check_refusal(case, refusal)
+        assert refusal.field.split(".")[:2] in [["served", name] for name in values], (
+            f"{case!r}: the refusal names another field: {refusal}"
+        )
+
+
 # ---------------------------------------------------------------- running a case
 
 

