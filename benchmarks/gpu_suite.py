@@ -88,6 +88,20 @@ def steps(work: Path, smoke: bool) -> list[Step]:
         return Step(label, argv, cap_s, smoke_s, "flow cold", "bare", [folder.name])
 
     fp8 = ["benchmarks.large_model", "--only=fp8", f"--shape={eight_b}", "--no-reads"]
+    # Issue 58: each scheme served beside the yardstick's 16-bit base by vLLM and measured by
+    # `vllm bench serve`; where the host has no vLLM environment it says "not measured here".
+    served = [
+        "benchmarks.served_speed",
+        "--presets=W8A8,FP8_DYNAMIC" if smoke else "--presets=W4A16,W8A8,FP8_DYNAMIC,MIX4.5",
+        "--runs=1",
+        *(
+            ["--prompts=8", "--concurrency=1,4"]
+            if smoke
+            else ["--prompts=64", "--concurrency=1,8,32"]
+        ),
+        "--input-len=64" if smoke else "--input-len=120",
+        f"--workdir={work / 'served'}",
+    ]
     return [
         Step(f"build {one_b} (1B shape)", build(one_b, w1), 20, 60),
         gptq("1B", one_b, w1, samples_1b, 100, 300),
@@ -101,6 +115,7 @@ def steps(work: Path, smoke: bool) -> list[Step]:
             bare="bare fp8",
             cleanup=["8b/run-bare-fp8", "8b/run-flow-fp8"],  # caches, offload copies: disk
         ),
+        Step("served speed on the yardstick (issue 58)", served, 120, 900, cleanup=["served"]),
         gptq("8B", eight_b, w8, samples_8b, 200, 300),
     ]
 
@@ -200,7 +215,13 @@ def run_suite(args) -> int:
         deadline = started + min(schedule, budget)
         record = work / f"step{k}.jsonl"
         mark = time.monotonic()
-        status = run_step(step, record, logs / f"step{k}.log", deadline, env)
+        # The served step uses the host's vLLM environment, where it has one.
+        step_env = (
+            env
+            if step.argv[0] != "benchmarks.served_speed"
+            else os.environ | {"PYTHONUNBUFFERED": "1"}
+        )
+        status = run_step(step, record, logs / f"step{k}.log", deadline, step_env)
         line = f"step {k} {step.name}: {status}, {time.monotonic() - mark:.0f} s"
         print(line, flush=True)
         lines.append(line)

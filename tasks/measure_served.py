@@ -1,5 +1,7 @@
 """Served performance: the base and the compressed model served by vLLM with the same flags and
-measured with `vllm bench serve` (compressflow/evaluation/served.py holds the work)."""
+measured with vLLM's own benchmark, `vllm bench serve` (the work lives in
+compressflow/evaluation/served.py; reporting it is the flow's). Logs the workload, the device,
+backend and kernels, and each level's figures."""
 
 from __future__ import annotations
 
@@ -20,17 +22,56 @@ def measure_served(
     base: FetchedModel, compressed_path: str, held_out: HeldOutText, args: ServedArgs
 ) -> ServedPerformance:
     """Serve the base and the compressed model in vLLM with identical flags and measure output
-    throughput and latency on prompts cut from the held-out texts."""
+    throughput and latency on prompts cut from the held-out texts; never raises for what vLLM
+    says (the status and reason say it)."""
     log = run_logger(__name__)
-    prompts = in_child(held_out_prompts, held_out, base.path, args)
+    try:
+        # The tokenizer loads in a child: the task's process never imports transformers.
+        prompts = in_child(held_out_prompts, held_out, base.path, args)
+    except ValueError as error:  # too little held-out text for one prompt
+        log.warning("served performance not measured: %s", error)
+        return ServedPerformance(status="failed", reason=str(error))
     log.info(
-        "served performance: %d prompts of %d tokens, %d out, concurrency %s, %d repeats",
+        "served performance: %d prompts of %d tokens, %d generated each, concurrency %s, "
+        "%d repeats interleaved base / compressed, seed %d; stops after %g minutes",
         len(prompts),
         args.input_len,
         args.output_len,
         args.concurrency,
         args.repeats,
+        args.seed,
+        args.timeout_minutes,
     )
     served = serve_and_measure(Path(base.path), Path(compressed_path), prompts, args)
-    log.info("served performance: %s %s", served.status, served.reason)
+    if served.status != "measured":
+        log.warning(
+            "served performance %s (%.0f s): %s", served.status, served.seconds, served.reason
+        )
+        return served
+    log.info(
+        "served on %s, %s, flags %s; kernels: base %s, compressed %s",
+        served.device,
+        served.backend,
+        " ".join(served.serve_flags),
+        served.kernels.get("base", "not named"),
+        served.kernels.get("compressed", "not named"),
+    )
+    for level in served.levels:
+        base_tps, tps = level.base["output_throughput"], level.compressed["output_throughput"]
+        log.info(
+            "concurrency %d: output %.1f tokens/s (%.1f-%.1f) against the base's %.1f "
+            "(%.1f-%.1f), x%.2f, %s; TTFT p50 %.1f ms against %.1f",
+            level.concurrency,
+            tps.median,
+            tps.low,
+            tps.high,
+            base_tps.median,
+            base_tps.low,
+            base_tps.high,
+            level.throughput_ratio,
+            level.verdict,
+            level.compressed["ttft_p50"].median,
+            level.base["ttft_p50"].median,
+        )
+    log.info("served performance measured in %.0f s", served.seconds)
     return served

