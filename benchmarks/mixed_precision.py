@@ -175,6 +175,8 @@ def served_note(served: ServedPerformance) -> str:
     top = _top(served) if served.status == "measured" else None
     if top is None:
         return "not served here" if served.status == "not measured here" else "serving failed"
+    if top.verdict == "no measurable difference":
+        return f"served {top.throughput_ratio:.2f}x base, inside the spread"
     return f"served {top.throughput_ratio:.2f}x base"
 
 

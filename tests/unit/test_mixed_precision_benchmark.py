@@ -97,6 +97,8 @@ def test_the_chart_marks_each_point_and_its_served_speed():
     assert all(p.measured for p in points) and points[0].label == "base model"
     assert notes[INT4] == "served 1.37x base" and notes[INT8] == "not served here"
     assert "today's search" not in notes
+    within = Output("mix", 6.0, 31.6, 1, 60, "out/mix", _measured(1.05, "no measurable difference"))
+    assert chart_points(31.5, [within])[1]["mix"] == "served 1.05x base, inside the spread"
     svg = ElementTree.fromstring(tradeoff_svg(points, notes))
     texts = [t.text or "" for t in svg.iter(f"{SVG}text")]
     assert "2: served 1.37x base" in texts and "3: not served here" in texts
