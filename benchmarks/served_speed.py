@@ -14,6 +14,7 @@ both servers, and anything else running distorts every figure.
     python -m benchmarks.served_speed [--presets W8A8,FP8_DYNAMIC,W4A16,MIX4.5] [--runs 2] [--workdir DIR]
         [--input-len 64] [--output-len 32] [--concurrency 1,4] [--prompts 8] [--repeats 3]
         [--timeout-minutes 30] [--yardstick DIR]
+        [--outputs W8A8=DIR,... --base DIR --held-out FILE]   # measure folders made before
 
 No target: the figures are reported as measured. Exits 1 when a measurement fails.
 """
@@ -81,20 +82,23 @@ def compress_preset(yardstick, base: Path, preset: str, out: Path) -> Path:
     return out
 
 
-def prompts_for(yardstick, served) -> list[str]:
+def prompts_for(base: Path, held_out_file: Path, served) -> list[str]:
+    """Prompts as evaluate-model cuts them, from the held-out file's texts (base's tokenizer)."""
+    import json
+
     from transformers import AutoTokenizer
 
     from compressflow.data.result import HeldOutText
     from compressflow.evaluation.served import held_out_prompts
 
-    tokenizer = AutoTokenizer.from_pretrained(yardstick.model)
-    texts = yardstick.held_out_texts()[:HELD_OUT_TEXTS]
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    lines = held_out_file.read_text().splitlines()[:HELD_OUT_TEXTS]
     held_out = HeldOutText(
-        source=str(yardstick.held_out),
-        input_ids=[tokenizer(text).input_ids for text in texts],
+        source=str(held_out_file),
+        input_ids=[tokenizer(json.loads(line)["text"]).input_ids for line in lines],
         excluded_calibration_samples=0,
     )
-    return held_out_prompts(held_out, yardstick.model, served)
+    return held_out_prompts(held_out, base, served)
 
 
 def rows(preset: str, run: int, found, before: str, after: str) -> list[str]:
@@ -133,6 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=2, help="whole measurements per preset")
     parser.add_argument("--workdir", default="", help="keeps the outputs")
     parser.add_argument("--yardstick", default="", help="a built yardstick's root to reuse")
+    parser.add_argument(
+        "--outputs", default="", help="NAME=DIR,...: measure these folders, nothing compressed"
+    )
+    parser.add_argument("--base", default="", help="with --outputs: their 16-bit base")
+    parser.add_argument("--held-out", default="", help="with --outputs: a JSONL of texts")
     parser.add_argument("--input-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--concurrency", default="1,4")
@@ -157,12 +166,24 @@ def main(argv: list[str] | None = None) -> int:
         repeats=args.repeats,
         timeout_minutes=args.timeout_minutes,
     )
-    yardstick = build_yardstick(Path(args.yardstick) if args.yardstick else work / "yardstick")
-    base = bf16_copy(yardstick.model, work / "yardstick-bf16")
-    presets = [name.strip() for name in args.presets.split(",")]
-    with prefect_test_harness(server_startup_timeout=120):
-        outputs = {p: compress_preset(yardstick, base, p, work / "outputs" / p) for p in presets}
-    prompts = prompts_for(yardstick, served)
+    if args.outputs:  # folders made before: measured as they are
+        base, held_out_file = Path(args.base), Path(args.held_out)
+        outputs = dict(
+            (name, Path(folder))
+            for name, _, folder in (item.partition("=") for item in args.outputs.split(","))
+        )
+    else:
+        yardstick = build_yardstick(Path(args.yardstick) if args.yardstick else work / "yardstick")
+        base, held_out_file = (
+            bf16_copy(yardstick.model, work / "yardstick-bf16"),
+            yardstick.held_out,
+        )
+        presets = [name.strip() for name in args.presets.split(",")]
+        with prefect_test_harness(server_startup_timeout=120):
+            outputs = {
+                p: compress_preset(yardstick, base, p, work / "outputs" / p) for p in presets
+            }
+    prompts = prompts_for(base, held_out_file, served)
     print(f"workload: {served.model_dump(exclude={'measure'})}", flush=True)
     lines, kernels, failed = [], {}, False
     for run in range(1, args.runs + 1):
