@@ -275,8 +275,9 @@ def measure(
 
 def judge_died(died: Server, common: dict) -> ServedPerformance:
     """What a server that exited (at start, or at its first requests) means, in vLLM's words."""
-    error = serving.last_error_lines(died.log())
-    if limit := serving.kernel_limit(error):
+    log = died.log()
+    error = serving.last_error_lines(log)
+    if limit := serving.kernel_limit_in_log(log):
         return ServedPerformance(status="not measured here", reason=limit, **common)
     if died.which == "base":
         return ServedPerformance(

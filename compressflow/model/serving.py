@@ -303,6 +303,15 @@ def modified(path: Path) -> float:
         return 0.0
 
 
+def kernel_limit_in_log(log: str) -> str | None:
+    """`kernel_limit` of the first line of a server's whole log that names one: vLLM prints its
+    root cause well before the last lines, which only say "Engine core initialization failed"."""
+    for line in log.splitlines():
+        if limit := kernel_limit(line.strip()[:300]):
+            return limit
+    return None
+
+
 def last_error_lines(stderr: str, count: int = 3) -> str:
     lines = [line for line in stderr.splitlines() if line.strip()]
     errors = [line for line in lines if "Error" in line or "ERROR" in line] or lines

@@ -115,6 +115,15 @@ def test_a_kernel_this_build_lacks_is_not_measured_here():
     assert "no CPU path for online transforms" in found.reason
 
 
+def test_vllms_root_cause_is_found_above_its_last_lines():
+    # Recorded: a mix with int8 weight-only modules; the log ends in "Engine core
+    # initialization failed", the kernel vLLM lacks is named lines before.
+    found = judge_died(Died("compressed", read("serve-mix-int8-cpu.log")), {})
+    assert found.status == "not measured here"
+    assert "no int8 weight-only kernel" in found.reason
+    assert "uint8b128" in found.reason
+
+
 def test_a_compressed_model_vllm_refuses_fails_with_vllms_line():
     log = "ERROR ... \nValueError: Unknown quantization method: 'bogus'\n"
     found = judge_died(Died("compressed", log), {})
