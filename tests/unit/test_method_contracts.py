@@ -230,6 +230,11 @@ def test_the_logits_limits_take_the_method_and_say_which_they_used():
     assert contract(QUIP).method() == "rotation"
     assert contract(REAP).method() == "expert pruning"
     assert contract([QUANTIZE]).method() is None
-    assert VerifyArgs().logit_limits("W8A8", "rotation") == DEFAULTS["8-bit"]  # none measured
-    source = limits_source(VerifyArgs(), "W8A8", "rotation")
-    assert source == "the 8-bit default (W8A8), as no rotation default is measured yet"
+    # The rotation's own limits are tighter than the 4-bit family's: W4A16 keeps the family's.
+    assert VerifyArgs().logit_limits("W4A16", "rotation") == DEFAULTS["4-bit weights"]
+    source = limits_source(VerifyArgs(), "W4A16", "rotation")
+    assert source == (
+        "the rotation default (W4A16), loosened to the 4-bit weights default where that is looser"
+    )
+    source = limits_source(VerifyArgs(), "W4A16", "rotation+expert pruning")
+    assert source.endswith("as no rotation+expert pruning default is measured yet")
