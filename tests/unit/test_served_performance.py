@@ -9,13 +9,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from compressflow.data.result import HeldOutText
 from compressflow.evaluation import served_figures as figures
 from compressflow.evaluation.args import ServedArgs
 from compressflow.evaluation.result import SERVED_METRICS
-from compressflow.evaluation.served import judge_died, plan, prompt_windows, serve_and_measure
+from compressflow.evaluation.served import (
+    checkpoint_gib,
+    judge_died,
+    plan,
+    prompt_windows,
+    serve_and_measure,
+)
 
 DATA = Path(__file__).parent / "data" / "served"
 # vLLM 0.32's own format strings (v1/worker/gpu_model_runner.py, v1/core/kv_cache_utils.py,
@@ -169,3 +176,19 @@ def test_without_a_vllm_environment_it_is_not_measured_here(monkeypatch, tmp_pat
     found = serve_and_measure(tmp_path, tmp_path, ["a prompt"], ServedArgs())
     assert found.status == "not measured here"
     assert "vLLM" in found.reason
+
+
+def test_weights_memory_on_cpu_is_the_checkpoints_tensors_at_the_served_dtype(tmp_path):
+    from safetensors.numpy import save_file
+
+    save_file(
+        {
+            "a.weight": np.zeros((256, 128), dtype=np.float32),  # served as bf16: 2 bytes
+            "b.weight_packed": np.zeros((256, 16), dtype=np.int32),  # stored: 4 bytes
+            "b.weight_scale": np.zeros((256, 1), dtype=np.float16),
+        },
+        str(tmp_path / "model.safetensors"),
+    )
+    expected = (256 * 128 * 2 + 256 * 16 * 4 + 256 * 2) / 2**30
+    assert checkpoint_gib(tmp_path) == pytest.approx(expected)
+    assert checkpoint_gib(tmp_path / "missing") is None
