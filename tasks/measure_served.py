@@ -10,7 +10,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from compressflow.evaluation.served import held_out_prompts, serve_and_measure
+from compressflow.evaluation.served import held_out_prompts, no_vllm_here, serve_and_measure
 from compressflow.logs import run_logger
 from compressflow.params import ServedArgs
 from compressflow.results import FetchedModel, HeldOutText, ServedPerformance
@@ -25,6 +25,9 @@ def measure_served(
     throughput and latency on prompts cut from the held-out texts; never raises for what vLLM
     says (the status and reason say it)."""
     log = run_logger(__name__)
+    if missing := no_vllm_here():  # before a child loads the tokenizer for prompts never sent
+        log.warning("served performance not measured here: %s", missing.reason)
+        return missing
     try:
         # The tokenizer loads in a child: the task's process never imports transformers.
         prompts = in_child(held_out_prompts, held_out, base.path, args)

@@ -176,17 +176,23 @@ def describe_device(on_cpu: bool) -> str:
     return names[index].strip() or "GPU"
 
 
+def no_vllm_here() -> ServedPerformance | None:
+    """'Not measured here' when this worker has no vLLM environment, said before anything is
+    prepared for it; None when it has one."""
+    if settings().vllm_python_path() is not None:
+        return None
+    return ServedPerformance(status="not measured here", reason=settings().vllm_missing_reason())
+
+
 def serve_and_measure(
     base: Path, compressed: Path, prompts: list[str], args: ServedArgs
 ) -> ServedPerformance:
     """Serve `base` and `compressed` with identical `vllm serve` flags and measure both with
     `vllm bench serve` on `prompts`; never raises for what vLLM says."""
     started = time.monotonic()
+    if missing := no_vllm_here():
+        return missing
     python = settings().vllm_python_path()
-    if python is None:
-        return ServedPerformance(
-            status="not measured here", reason=settings().vllm_missing_reason()
-        )
     on_cpu = serving.runs_on_cpu(python)
     installed = serving.installed_vllm(python)
     limit = args.timeout_minutes * 60 or math.inf
