@@ -34,7 +34,7 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 CALIBRATION = DatasetArgs(dataset_name="python_docs", text_samples=16, max_seq_len=64)
 FEW = HeldOutArgs(samples=8, max_seq_len=128)
-# Served speed is test_served_performance.py's: these tests do not pay for it.
+# Served speed is test_evaluate_served.py's: these tests do not pay for it.
 UNSERVED = ServedArgs(measure=False)
 
 
