@@ -64,7 +64,10 @@ def judge_speed(served: ServedPerformance | None, min_speedup: float) -> SpeedJu
     if level is None:
         return SpeedJudgement(flags=[f"{limit}: the measurement holds no concurrency level"])
     ratio, at = level.throughput_ratio, f"at concurrency {level.concurrency}"
-    if ratio >= min_speedup:
+    # A speed-up the spreads do not show is not one: a limit above 1 is then not judged, even
+    # where the medians' ratio passes it.
+    unshown = level.verdict == "no measurable difference" and min_speedup > 1
+    if ratio >= min_speedup and not unshown:
         return SpeedJudgement()
     if level.verdict == "no measurable difference":
         return SpeedJudgement(

@@ -85,6 +85,13 @@ def test_what_cannot_be_judged_only_flags(served, words):
     assert judged.flags[0].startswith("gate.min_speedup") and words in judged.flags[0]
 
 
+def test_a_speed_up_inside_the_spread_does_not_pass_a_limit_above_one():
+    # Recorded: 1.03x at concurrency 4, the spreads overlapping; a limit of 1.01 is not shown met.
+    judged = judge_speed(served_performance(), 1.01)
+    assert judged.breaches == [] and len(judged.flags) == 1
+    assert "no measurable difference at concurrency 4 (1.03x" in judged.flags[0]
+
+
 def test_a_speed_breach_fails_with_the_speed_fix_or_only_flags():
     found = judge_speed(slower(), 0.9).breaches
     with pytest.raises(QualityThresholdExceeded) as raised:
