@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 from benchmarks.quality_table import environment
 
 if TYPE_CHECKING:
-    from compressflow.evaluation.result import ServedLevel, ServedPerformance
+    from compressflow.evaluation.result import ServedPerformance
     from compressflow.results import MixPoint
 
 RATIO_TARGET = 1.013
@@ -80,16 +80,11 @@ def _served(output: Output) -> ServedPerformance | None:
     return None if output.served is None else ServedPerformance.model_validate(output.served)
 
 
-def _top(served: ServedPerformance) -> ServedLevel | None:
-    """The highest concurrency measured: the level gate.min_speedup judges."""
-    return max(served.levels, key=lambda level: level.concurrency) if served.levels else None
-
-
 def served_cell(served: ServedPerformance | None) -> str:
     """One output's served speed against the base, at the highest concurrency measured."""
     if served is None:
         return "not served"
-    top = _top(served) if served.status == "measured" else None
+    top = served.highest_level() if served.status == "measured" else None
     if top is None:
         return served.status if served.status != "measured" else "no level measured"
     return f"{top.throughput_ratio:.2f}x ({top.verdict})"
@@ -172,7 +167,7 @@ def chart_points(base: float, outputs: list[Output]) -> tuple[list[MixPoint], di
 
 def served_note(served: ServedPerformance) -> str:
     """The chart's words beside a point: its speed against the base, or that it was not served."""
-    top = _top(served) if served.status == "measured" else None
+    top = served.highest_level() if served.status == "measured" else None
     if top is None:
         return "not served here" if served.status == "not measured here" else "serving failed"
     if top.verdict == "no measurable difference":

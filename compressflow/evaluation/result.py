@@ -93,6 +93,11 @@ class ServedPerformance(BaseModel):
     )
     seconds: float = Field(default=0.0, description="Serving and measuring both models.")
 
+    def highest_level(self) -> ServedLevel | None:
+        """The highest concurrency measured: the level gate.min_speedup judges and the
+        headlines quote; None when none was measured."""
+        return max(self.levels, key=lambda level: level.concurrency, default=None)
+
 
 class EvaluationReport(BaseModel):
     """What evaluate-model returns. It lives here, not in the flow module: a worker loads the flow

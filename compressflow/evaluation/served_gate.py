@@ -34,10 +34,6 @@ class SpeedJudgement:
     flags: list[str] = field(default_factory=list)
 
 
-def highest_level(served: ServedPerformance) -> ServedLevel | None:
-    return max(served.levels, key=lambda level: level.concurrency, default=None)
-
-
 def best_case_ratio(level: ServedLevel) -> float | None:
     """The compressed model's fastest repeat over the base's slowest: the most the spread allows."""
     base = level.base.get("output_throughput")
@@ -60,7 +56,7 @@ def judge_speed(served: ServedPerformance | None, min_speedup: float) -> SpeedJu
         )
     if served.status == "failed":
         return SpeedJudgement(flags=[f"{limit}: the served measurement failed: {served.reason}"])
-    level = highest_level(served)
+    level = served.highest_level()
     if level is None:
         return SpeedJudgement(flags=[f"{limit}: the measurement holds no concurrency level"])
     ratio, at = level.throughput_ratio, f"at concurrency {level.concurrency}"

@@ -200,7 +200,7 @@ def headline(served: ServedPerformance) -> str:
     """One line a person reads first: the ratio at the highest concurrency, honestly worded."""
     if served.status != "measured" or not served.levels:
         return f"Served performance {not_measured(served)}"
-    top = max(served.levels, key=lambda level: level.concurrency)
+    top = served.highest_level()
     verdict = (
         "no measurable difference"
         if top.verdict == "no measurable difference"
@@ -229,7 +229,7 @@ def performance_rows(served: ServedPerformance | None, min_speedup: float) -> li
                 "limit": f"min speedup: {min_speedup:g}x (flag only)" if min_speedup else "",
             }
         ]
-    top = max((level.concurrency for level in served.levels), default=None)
+    top = served.highest_level().concurrency if served.levels else None
     rows = []
     for level in sorted(served.levels, key=lambda level: level.concurrency):
         for metric in SERVED_METRICS:
